@@ -1,0 +1,213 @@
+"""Atomic file writes, locked appends and temp-file hygiene: the only place that writes state files."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import sys
+import time
+from pathlib import Path
+
+TEMP_PREFIX = ".tmp-"
+TEMP_SUFFIX = ".tmp"
+
+if sys.platform == "win32":  # pragma: no cover - platform code lives here and nowhere else
+    import msvcrt
+
+    def _lock_fd(fd: int) -> None:
+        os.lseek(fd, 0, os.SEEK_SET)
+        while True:
+            try:
+                msvcrt.locking(fd, msvcrt.LK_LOCK, 1)
+                return
+            except OSError:
+                time.sleep(0.01)
+
+    def _unlock_fd(fd: int) -> None:
+        os.lseek(fd, 0, os.SEEK_SET)
+        msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+
+    def _try_lock_fd(fd: int) -> bool:
+        try:
+            os.lseek(fd, 0, os.SEEK_SET)
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+            return True
+        except OSError:
+            return False
+else:
+    import fcntl
+
+    def _lock_fd(fd: int) -> None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+
+    def _unlock_fd(fd: int) -> None:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def _try_lock_fd(fd: int) -> bool:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError:
+            return False
+
+
+def is_temp_name(name: str) -> bool:
+    """Temporary files of crashed writers: every reader skips them."""
+    return name.startswith(TEMP_PREFIX) or name.endswith(TEMP_SUFFIX)
+
+
+def _fsync_dir(directory: Path) -> None:
+    if sys.platform == "win32":  # pragma: no cover
+        return
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path | str, data: bytes, durable: bool = True) -> None:
+    """Write `data` to `path` so a reader sees the old or the new file, never a part.
+
+    A temporary file in the same folder (same filesystem, so `os.replace` is atomic), flushed and
+    fsynced, then renamed over the target.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f"{TEMP_PREFIX}{path.name}.{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            if durable:
+                os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if durable:
+        _fsync_dir(path.parent)
+
+
+def dumps(document) -> str:
+    return json.dumps(document, indent=2, sort_keys=False, ensure_ascii=False) + "\n"
+
+
+def atomic_write_json(path: Path | str, document, durable: bool = True) -> None:
+    atomic_write_bytes(path, dumps(document).encode("utf-8"), durable=durable)
+
+
+def read_json(path: Path | str):
+    """Parse a JSON file; raises FileNotFoundError, or ValueError for anything unparseable."""
+    with open(path, "rb") as handle:
+        raw = handle.read()
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+
+
+def read_json_or(path: Path | str, default=None):
+    """The parsed file, or `default` when it is missing or unparseable."""
+    try:
+        return read_json(path)
+    except (OSError, ValueError):
+        return default
+
+
+@contextlib.contextmanager
+def locked(lock_path: Path | str, blocking: bool = True):
+    """An exclusive advisory lock on `lock_path` (created if missing) for the `with` body.
+
+    With `blocking=False`, yields False at once when someone else holds it.
+    """
+    lock_path = Path(lock_path)
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if blocking:
+            _lock_fd(fd)
+            got = True
+        else:
+            got = _try_lock_fd(fd)
+        try:
+            yield got
+        finally:
+            if got:
+                _unlock_fd(fd)
+    finally:
+        os.close(fd)
+
+
+def append_jsonl(path: Path | str, *records: dict) -> None:
+    """Append complete JSON lines under an exclusive lock on the file itself."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = "".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n" for r in records)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        _lock_fd(fd)
+        try:
+            # A writer killed mid-line leaves a fragment; start on a fresh line so ours stays whole.
+            size = os.fstat(fd).st_size
+            if size:
+                with open(path, "rb") as reader:
+                    reader.seek(size - 1)
+                    if reader.read(1) != b"\n":
+                        payload = "\n" + payload
+            os.write(fd, payload.encode("utf-8"))
+            os.fsync(fd)
+        finally:
+            _unlock_fd(fd)
+    finally:
+        os.close(fd)
+
+
+def read_jsonl(path: Path | str) -> list[dict]:
+    """Every complete, parseable line; a torn or broken line is skipped, never fatal."""
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read()
+    except FileNotFoundError:
+        return []
+    records = []
+    for line in raw.split(b"\n"):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        if isinstance(value, dict):
+            records.append(value)
+    return records
+
+
+def sweep_temp_files(directory: Path | str, older_than_s: float = 3600.0, now: float | None = None) -> list[Path]:
+    """Remove temp files of crashed writers older than `older_than_s`, recursively; returns what went."""
+    now = time.time() if now is None else now
+    removed = []
+    directory = Path(directory)
+    if not directory.is_dir():
+        return removed
+    for root, _dirs, files in os.walk(directory):
+        for name in files:
+            if not is_temp_name(name):
+                continue
+            candidate = Path(root) / name
+            try:
+                if now - candidate.stat().st_mtime >= older_than_s:
+                    candidate.unlink()
+                    removed.append(candidate)
+            except OSError:
+                continue
+    return removed

@@ -1,0 +1,67 @@
+"""Shared options and output helpers for the command modules."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import click
+
+from ..workspace import Workspace
+
+
+def json_option(func):
+    return click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")(func)
+
+
+def identity_options(func):
+    """--agent-id, --session-id, --run-token, --no-piggyback and --json for verbs that act as an agent."""
+    decorators = [
+        click.option("--agent-id", default=None, help="Act as this agent (else $SYNAPOLIS_AGENT_ID, identity.json)."),
+        click.option("--session-id", default=None, help="The session (else $SYNAPOLIS_SESSION_ID, identity.json)."),
+        click.option("--run-token", default=None, help="This agent's run token (else $SYNAPOLIS_RUN_TOKEN)."),
+        click.option("--no-piggyback", is_flag=True, help="Do not attach (and do not mark delivered) pending signals."),
+        json_option,
+    ]
+    for decorator in reversed(decorators):
+        func = decorator(func)
+    return func
+
+
+def workspace(ctx: click.Context, create: bool = False) -> Workspace:
+    root = ctx.find_root().obj or {}
+    ws = Workspace.open(root.get("state_dir"))
+    return ws.ensure() if create else ws
+
+
+def pass_workspace(create: bool):
+    """Pass the opened Workspace as the first argument (created first when the verb writes)."""
+    def decorate(func):
+        @click.pass_context
+        @functools.wraps(func)
+        def wrapper(ctx, *args, **kwargs):
+            return func(workspace(ctx, create=create), *args, **kwargs)
+        return wrapper
+    return decorate
+
+
+def emit(as_json: bool, data: dict, text=None) -> None:
+    """Print `data` as one JSON object, or `text(data)` (a string or lines) for people."""
+    if as_json:
+        click.echo(json.dumps(data, ensure_ascii=False))
+        return
+    if text is None:
+        click.echo(json.dumps(data, indent=2, ensure_ascii=False))
+        return
+    out = text(data)
+    if isinstance(out, (list, tuple)):
+        out = "\n".join(out)
+    if out:
+        click.echo(out)
+
+
+def table(rows: list[list[str]], headers: list[str]) -> str:
+    """Aligned columns for people."""
+    cells = [headers] + [[("" if c is None else str(c)) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)

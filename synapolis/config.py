@@ -1,0 +1,140 @@
+"""The config file `synapolis.json`: its defaults, loading and the checks on its values."""
+
+from __future__ import annotations
+
+import copy
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .atomic import atomic_write_json, read_json
+from .errors import UsageError
+
+DEFAULTS: dict = {
+    "stale_after_s": 300,
+    "dead_after_s": 3600,
+    "clock_skew_s": 120,
+    "rate_limit_per_min": 10,
+    "max_content_bytes": 65536,
+    "monitor_keep": 24,
+    "claim_ttl_s": 3600,
+    "busy_timeout_ms": 5000,
+    "redeliver_after_s": 600,
+    "require_run_token": False,
+    "escalation": {"notify_cmd": None, "repeat_after_s": 86400, "notify_timeout_s": 10},
+}
+
+_DURATIONS = ("stale_after_s", "dead_after_s", "clock_skew_s", "claim_ttl_s", "redeliver_after_s")
+_POSITIVE_INTS = ("rate_limit_per_min", "max_content_bytes", "monitor_keep", "busy_timeout_ms")
+
+
+def _positive_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+def check_config(document) -> list[str]:
+    """Every problem with a config document, as readable lines (empty when it is fine)."""
+    problems = []
+    if not isinstance(document, dict):
+        return ["the config must be a JSON object"]
+    known = set(DEFAULTS) | {"$schema", "schema_version"}
+    for key in document:
+        if key not in known:
+            problems.append(f"unknown key {key!r}")
+    for key in _DURATIONS:
+        if key in document and not _positive_number(document[key]):
+            problems.append(f"{key} must be a positive number of seconds, not {document[key]!r}")
+    for key in _POSITIVE_INTS:
+        value = document.get(key, 1)
+        if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
+            problems.append(f"{key} must be a positive whole number, not {value!r}")
+    if "require_run_token" in document and not isinstance(document["require_run_token"], bool):
+        problems.append("require_run_token must be true or false")
+    esc = document.get("escalation", {})
+    if not isinstance(esc, dict):
+        problems.append("escalation must be an object")
+    else:
+        for key in esc:
+            if key not in DEFAULTS["escalation"]:
+                problems.append(f"unknown key escalation.{key}")
+        cmd = esc.get("notify_cmd")
+        if cmd is not None and not (isinstance(cmd, str) and cmd.strip()) and not (
+                isinstance(cmd, list) and cmd and all(isinstance(a, str) for a in cmd)):
+            problems.append("escalation.notify_cmd must be null, a non-empty string or a list of strings")
+        for key in ("repeat_after_s", "notify_timeout_s"):
+            if key in esc and not _positive_number(esc[key]):
+                problems.append(f"escalation.{key} must be a positive number of seconds")
+    return problems
+
+
+@dataclass(frozen=True)
+class Config:
+    """The effective configuration: defaults overlaid with the file's values."""
+
+    values: dict = field(default_factory=lambda: copy.deepcopy(DEFAULTS))
+
+    def __getattr__(self, name):
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    @property
+    def notify_cmd(self) -> list[str] | None:
+        cmd = self.values["escalation"].get("notify_cmd")
+        if cmd is None:
+            return None
+        return shlex.split(cmd) if isinstance(cmd, str) else list(cmd)
+
+    @property
+    def repeat_after_s(self) -> float:
+        return self.values["escalation"]["repeat_after_s"]
+
+    @property
+    def notify_timeout_s(self) -> float:
+        return self.values["escalation"]["notify_timeout_s"]
+
+    @property
+    def thresholds(self) -> dict:
+        return {k: self.values[k] for k in ("stale_after_s", "dead_after_s", "clock_skew_s")}
+
+
+def merge_defaults(document: dict) -> dict:
+    values = copy.deepcopy(DEFAULTS)
+    for key, value in document.items():
+        if key == "escalation" and isinstance(value, dict):
+            values["escalation"].update(value)
+        elif key in DEFAULTS:
+            values[key] = value
+    return values
+
+
+def load_config(path: Path) -> Config:
+    """The config at `path`, or the defaults when there is none; UsageError when it is broken."""
+    try:
+        document = read_json(path)
+    except FileNotFoundError:
+        return Config()
+    except ValueError as exc:
+        raise UsageError(f"config {path} is not valid JSON: fix or delete it ({exc})") from None
+    except OSError as exc:
+        raise UsageError(f"config {path} cannot be read: {exc.strerror}") from None
+    problems = check_config(document)
+    if problems:
+        raise UsageError(f"config {path}: {problems[0]}" + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
+    return Config(merge_defaults(document))
+
+
+def default_config_document() -> dict:
+    document = copy.deepcopy(DEFAULTS)
+    document.pop("escalation")
+    document["escalation"] = {"notify_cmd": None, "repeat_after_s": 86400}
+    return document
+
+
+def write_default_config(path: Path) -> bool:
+    """Create the config file if missing; True when it was created."""
+    if path.exists():
+        return False
+    atomic_write_json(path, default_config_document())
+    return True

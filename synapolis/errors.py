@@ -1,0 +1,79 @@
+"""The error classes of synapolis, each carrying the exit code the contract gives it."""
+
+from __future__ import annotations
+
+
+class SynapolisError(Exception):
+    """Base of every error synapolis raises on purpose; `exit_code` is the process exit code."""
+
+    exit_code = 1
+    type_name = "InternalError"
+
+    def __init__(self, message: str, **details):
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def to_json(self) -> dict:
+        return {"error": {"type": self.type_name, "message": self.message, "exit_code": self.exit_code, **self.details}}
+
+
+class CheckFailed(SynapolisError):
+    exit_code = 1
+    type_name = "CheckFailed"
+
+
+class InternalError(SynapolisError):
+    exit_code = 1
+    type_name = "InternalError"
+
+
+class UsageError(SynapolisError, ValueError):
+    exit_code = 2
+    type_name = "UsageError"
+
+
+class ConflictError(SynapolisError):
+    exit_code = 3
+    type_name = "ConflictError"
+
+
+class IdentityError(SynapolisError):
+    exit_code = 4
+    type_name = "NoIdentityError"
+
+
+class NoIdentityError(IdentityError):
+    type_name = "NoIdentityError"
+
+
+class AmbiguousIdentityError(IdentityError):
+    type_name = "AmbiguousIdentityError"
+
+
+class RateLimitedError(SynapolisError):
+    exit_code = 5
+    type_name = "RateLimitedError"
+
+    def __init__(self, message: str, retry_after_s: float, **details):
+        super().__init__(message, retry_after_s=round(retry_after_s, 3), **details)
+        self.retry_after_s = retry_after_s
+
+
+class NotFoundError(SynapolisError, LookupError):
+    exit_code = 6
+    type_name = "NotFoundError"
+
+
+class ForbiddenError(SynapolisError, PermissionError):
+    exit_code = 7
+    type_name = "ForbiddenError"
+
+
+class StaleToken(ForbiddenError):
+    """A fencing token that is no longer the live holder's."""
+
+
+class BusyError(SynapolisError, TimeoutError):
+    exit_code = 8
+    type_name = "BusyError"

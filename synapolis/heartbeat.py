@@ -1,0 +1,222 @@
+"""Heartbeat documents: building, writing (atomically, seq +1), reading, and the fast schema check."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from .atomic import atomic_write_json, is_temp_name, locked, read_json
+from .errors import UsageError
+from .names import validate_agent_id
+from .timeutil import now_ts, parse_ts
+
+SCHEMA_VERSION = 1
+DECLARED_STATUSES = ("active", "idle", "sleeping", "stopped")
+REQUIRED = ("schema_version", "agent_id", "harness", "status", "beat_at", "seq")
+OPTIONAL = ("substrate", "session_id", "started_at", "ttl_s", "task", "note", "host", "pid", "x")
+MAX_TEXT = 4096
+_AGENT_RE = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+_SESSION_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
+_UTC_TS_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?Z$")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _ts_ok(value) -> bool:
+    if not isinstance(value, str) or not _UTC_TS_RE.match(value):
+        return False
+    try:
+        parse_ts(value)
+    except ValueError:
+        return False
+    return True
+
+
+def quick_check(doc) -> bool:
+    """True when `doc` satisfies standards/heartbeat.schema.json.
+
+    A hand-written mirror of the schema, so the hot paths (beat, claims, a monitor pass over
+    thousands of files) need not import jsonschema; tests hold the two in agreement, and
+    `schema_errors` gives jsonschema's detailed messages when this says no.
+    """
+    if not isinstance(doc, dict):
+        return False
+    for key in REQUIRED:
+        if key not in doc:
+            return False
+    for key in doc:
+        if key not in REQUIRED and key not in OPTIONAL:
+            return False
+    if not (_is_int(doc["schema_version"]) and doc["schema_version"] == SCHEMA_VERSION):
+        return False
+    agent = doc["agent_id"]
+    if not (isinstance(agent, str) and len(agent) <= 128 and _AGENT_RE.match(agent)):
+        return False
+    harness = doc["harness"]
+    if not (isinstance(harness, str) and 1 <= len(harness) <= 128):
+        return False
+    if doc["status"] not in DECLARED_STATUSES or not isinstance(doc["status"], str):
+        return False
+    if not _ts_ok(doc["beat_at"]):
+        return False
+    if not (_is_int(doc["seq"]) and doc["seq"] >= 1):
+        return False
+    if "substrate" in doc and not (isinstance(doc["substrate"], str) and len(doc["substrate"]) <= 128):
+        return False
+    if "session_id" in doc:
+        sid = doc["session_id"]
+        if not (isinstance(sid, str) and len(sid) <= 128 and _SESSION_RE.match(sid) and sid not in (".", "..")):
+            return False
+    if "started_at" in doc and not _ts_ok(doc["started_at"]):
+        return False
+    if "ttl_s" in doc and not (_is_number(doc["ttl_s"]) and doc["ttl_s"] > 0):
+        return False
+    for key in ("task", "note"):
+        if key in doc and not (isinstance(doc[key], str) and len(doc[key]) <= MAX_TEXT):
+            return False
+    if "host" in doc and not (isinstance(doc["host"], str) and len(doc["host"]) <= 255):
+        return False
+    if "pid" in doc and not (_is_int(doc["pid"]) and doc["pid"] >= 0):
+        return False
+    if "x" in doc and not isinstance(doc["x"], dict):
+        return False
+    return True
+
+
+def schema_errors(doc) -> list[dict]:
+    """Every schema error as {pointer, message}, from jsonschema (imported only here)."""
+    from .schemas import validation_errors
+
+    return validation_errors("heartbeat", doc)
+
+
+@dataclass
+class HeartbeatRead:
+    """One heartbeat file as a reader finds it: the document, or why there is none."""
+
+    agent_id: str
+    path: Path
+    doc: dict | None
+    errors: list  # [{pointer, message}]
+    mtime: float | None = None
+
+    @property
+    def valid(self) -> bool:
+        return self.doc is not None and not self.errors
+
+
+def read_heartbeat(path: Path, detailed: bool = False) -> HeartbeatRead:
+    """Read and check one heartbeat file; never raises for a bad file."""
+    agent_id = path.name[:-5] if path.name.endswith(".json") else path.name
+    try:
+        raw = path.read_bytes()
+        mtime = None
+    except FileNotFoundError:
+        return HeartbeatRead(agent_id, path, None, [{"pointer": "", "message": "no heartbeat file"}])
+    except OSError as exc:
+        return HeartbeatRead(agent_id, path, None, [{"pointer": "", "message": f"unreadable: {exc.strerror}"}])
+    import json
+
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return HeartbeatRead(agent_id, path, None, [{"pointer": "", "message": f"not valid JSON: {exc}"}], mtime)
+    errors = []
+    if detailed or not quick_check(doc):
+        errors = schema_errors(doc)
+        if not errors and not quick_check(doc):  # pragma: no cover - the two checks disagree
+            errors = [{"pointer": "", "message": "does not satisfy the heartbeat schema"}]
+    if isinstance(doc, dict) and isinstance(doc.get("agent_id"), str) and doc["agent_id"] != agent_id:
+        errors.append({"pointer": "/agent_id",
+                       "message": f"agent_id {doc['agent_id']!r} does not match the file name {path.name!r}"})
+    return HeartbeatRead(agent_id, path, doc if isinstance(doc, dict) else None, errors, mtime)
+
+
+def iter_heartbeat_paths(directory: Path):
+    """Heartbeat files in `directory`, skipping temp files of crashed writers; sorted by name."""
+    try:
+        names = sorted(os.listdir(directory))
+    except FileNotFoundError:
+        return []
+    return [directory / n for n in names if n.endswith(".json") and not is_temp_name(n) and not n.startswith(".")]
+
+
+_UNSET = object()
+
+
+def write_heartbeat(paths, agent_id: str, *, harness: str | None = None, status: str | None = None,
+                    task=_UNSET, note: str | None = None, ttl_s=_UNSET, substrate: str | None = None,
+                    session_id: str | None = None, x: dict | None = None, now: str | None = None,
+                    default_status: str = "active") -> dict:
+    """Write `heartbeats/<agent_id>.json` atomically and return the document.
+
+    `seq` is the previous file's + 1 under a per-agent lock, so two beats of one agent never share
+    a seq. Fields not given keep their previous value (status, task, ttl, harness, session), so a
+    refresh by any verb changes only `beat_at` and `seq`; `note` belongs to one beat only.
+    """
+    validate_agent_id(agent_id)
+    if status is not None and status not in DECLARED_STATUSES:
+        raise UsageError(f"status must be one of {', '.join(DECLARED_STATUSES)}, not {status!r}")
+    if task is not _UNSET and task is not None and len(task) > MAX_TEXT:
+        raise UsageError(f"task is longer than {MAX_TEXT} characters")
+    if note is not None and len(note) > MAX_TEXT:
+        raise UsageError(f"note is longer than {MAX_TEXT} characters")
+    if ttl_s is not _UNSET and ttl_s is not None and not (_is_number(ttl_s) and ttl_s > 0):
+        raise UsageError(f"ttl must be a positive number of seconds, not {ttl_s!r}")
+    path = paths.heartbeat(agent_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with locked(paths.lock(f"heartbeat.{agent_id}")):
+        try:
+            previous = read_json(path)
+            if not isinstance(previous, dict):
+                previous = {}
+        except (OSError, ValueError):
+            previous = {}
+        prev_seq = previous.get("seq")
+        seq = prev_seq + 1 if _is_int(prev_seq) and prev_seq >= 0 else 1
+        stamp = now or now_ts()
+        doc = {
+            "schema_version": SCHEMA_VERSION,
+            "agent_id": agent_id,
+            "harness": harness or _str_or(previous.get("harness")) or "cli",
+            "status": status or (previous.get("status") if previous.get("status") in DECLARED_STATUSES else None)
+            or default_status,
+            "beat_at": stamp,
+            "seq": seq,
+        }
+        sub = substrate or _str_or(previous.get("substrate"))
+        if sub:
+            doc["substrate"] = sub
+        sid = session_id or _str_or(previous.get("session_id"))
+        if sid:
+            doc["session_id"] = sid
+        started = previous.get("started_at") if _ts_ok(previous.get("started_at")) else None
+        doc["started_at"] = started or stamp
+        ttl = previous.get("ttl_s") if ttl_s is _UNSET else ttl_s
+        if _is_number(ttl) and ttl > 0:
+            doc["ttl_s"] = ttl
+        current_task = previous.get("task") if task is _UNSET else task
+        if isinstance(current_task, str) and current_task:
+            doc["task"] = current_task
+        if note:
+            doc["note"] = note
+        doc["host"] = socket.gethostname()[:255]
+        doc["pid"] = os.getpid()
+        extra = x if x is not None else previous.get("x")
+        if isinstance(extra, dict):
+            doc["x"] = extra
+        atomic_write_json(path, doc)
+    return doc
+
+
+def _str_or(value):
+    return value if isinstance(value, str) and value else None

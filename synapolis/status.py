@@ -1,0 +1,77 @@
+"""Effective status: the pure decision of what one heartbeat means at time `now` (contract §6)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from .timeutil import format_ts, parse_ts
+
+EFFECTIVE_STATUSES = ("active", "idle", "sleeping", "stopped", "stale", "dead", "invalid")
+HEALTHY = frozenset({"active", "idle", "sleeping", "stopped"})
+FAILING = frozenset({"stale", "dead", "invalid"})
+# a claim held by an agent in one of these may be taken over (contract §9)
+CLAIMABLE_FROM = frozenset({"stale", "dead", "stopped", "invalid", "missing"})
+
+
+@dataclass
+class Verdict:
+    effective_status: str
+    age_s: float | None = None
+    seq_first_seen_at: str | None = None
+    anomalies: list = field(default_factory=list)
+
+
+def effective_status(doc: dict | None, now: datetime, *, stale_after_s: float, dead_after_s: float,
+                     clock_skew_s: float, previous: dict | None = None) -> Verdict:
+    """What a (schema-valid) heartbeat `doc` means at `now`; `doc=None` means invalid.
+
+    `previous` is this agent's entry in the previous monitor document: when `beat_at` lies more
+    than `clock_skew_s` in the future the writer's clock is not trusted, and age runs from when
+    the monitor first saw the current `seq`.
+    """
+    if doc is None:
+        return Verdict("invalid")
+    seq = doc.get("seq")
+    beat_at = parse_ts(doc["beat_at"])
+    first_seen = None
+    if previous and previous.get("seq") == seq and previous.get("seq_first_seen_at"):
+        try:
+            first_seen = parse_ts(previous["seq_first_seen_at"])
+        except ValueError:
+            first_seen = None
+    if first_seen is None or first_seen > now:
+        first_seen = now
+    anomalies = []
+    skew = (beat_at - now).total_seconds()
+    if skew > clock_skew_s:
+        anomalies.append("clock_skew")
+        age = (now - first_seen).total_seconds()
+    else:
+        age = (now - beat_at).total_seconds()
+    verdict = Verdict("invalid", round(age, 3), format_ts(first_seen), anomalies)
+    declared = doc.get("status")
+    if declared in ("stopped", "sleeping"):
+        verdict.effective_status = declared
+        return verdict
+    ttl = doc.get("ttl_s") or stale_after_s
+    if age <= ttl:
+        verdict.effective_status = declared
+    elif age <= max(dead_after_s, 2 * ttl):
+        verdict.effective_status = "stale"
+    else:
+        verdict.effective_status = "dead"
+    return verdict
+
+
+def status_of_agent(paths, agent_id: str, now: datetime, config, previous: dict | None = None) -> str:
+    """The effective status of one agent from its heartbeat file at `now`; 'missing' when it has none."""
+    from .heartbeat import read_heartbeat
+
+    path = paths.heartbeat(agent_id)
+    if not path.exists():
+        return "missing"
+    read = read_heartbeat(path)
+    if not read.valid:
+        return "invalid"
+    return effective_status(read.doc, now, previous=previous, **config.thresholds).effective_status

@@ -1,0 +1,63 @@
+"""Timestamps: RFC 3339 UTC formatting and parsing, and relative ages for people."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+UTC = timezone.utc
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def format_ts(moment: datetime, micro: bool = False) -> str:
+    """RFC 3339 in UTC with a `Z`; seconds precision unless `micro`."""
+    moment = moment.astimezone(UTC)
+    if micro:
+        return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ") if moment.microsecond == 0 else \
+        moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def now_ts(micro: bool = False) -> str:
+    return format_ts(utcnow(), micro=micro)
+
+
+def parse_ts(text: str) -> datetime:
+    """Parse an RFC 3339 timestamp; raises ValueError. Naive values are taken as UTC."""
+    if not isinstance(text, str) or not text:
+        raise ValueError(f"not a timestamp: {text!r}")
+    value = text.strip()
+    if value[-1:] in ("Z", "z"):
+        value = value[:-1] + "+00:00"
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        # Python < 3.11 cannot read every RFC 3339 shape; dateutil can, and is only needed here.
+        from dateutil import parser as date_parser
+
+        try:
+            moment = date_parser.isoparse(text)
+        except (ValueError, OverflowError) as exc:
+            raise ValueError(f"not an RFC 3339 timestamp: {text!r}") from exc
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC)
+
+
+def humanize_age(seconds: float | None) -> str:
+    """"4m ago", "in 2h" — a relative age for a person."""
+    if seconds is None:
+        return "-"
+    future = seconds < 0
+    s = abs(seconds)
+    if s < 60:
+        text = f"{int(s)}s"
+    elif s < 3600:
+        text = f"{int(s // 60)}m"
+    elif s < 86400:
+        text = f"{int(s // 3600)}h"
+    else:
+        text = f"{int(s // 86400)}d"
+    return f"in {text}" if future else f"{text} ago"
