@@ -1,0 +1,5 @@
+"""`python -m synapolis` runs the CLI."""
+
+from .cli import main
+
+main()
