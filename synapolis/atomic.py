@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
 import sys
 import time
 from pathlib import Path
@@ -73,7 +72,7 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path | str, data: bytes, durable: bool = True) -> None:
+def atomic_write_bytes(path: Path | str, data: bytes, durable: bool = True, mode: int = 0o644) -> None:
     """Write `data` to `path` so a reader sees the old or the new file, never a part.
 
     A temporary file in the same folder (same filesystem, so `os.replace` is atomic), flushed and
@@ -81,8 +80,8 @@ def atomic_write_bytes(path: Path | str, data: bytes, durable: bool = True) -> N
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f"{TEMP_PREFIX}{path.name}.{os.getpid()}.{secrets.token_hex(4)}{TEMP_SUFFIX}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    tmp = path.parent / f"{TEMP_PREFIX}{path.name}.{os.getpid()}.{os.urandom(4).hex()}{TEMP_SUFFIX}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -102,8 +101,9 @@ def dumps(document) -> str:
     return json.dumps(document, indent=2, sort_keys=False, ensure_ascii=False) + "\n"
 
 
-def atomic_write_json(path: Path | str, document, durable: bool = True) -> None:
-    atomic_write_bytes(path, dumps(document).encode("utf-8"), durable=durable)
+def atomic_write_json(path: Path | str, document, durable: bool = True, mode: int = 0o644) -> None:
+    """`mode` applies to the new file from its creation (0o600 for secrets such as identity.json)."""
+    atomic_write_bytes(path, dumps(document).encode("utf-8"), durable=durable, mode=mode)
 
 
 def read_json(path: Path | str):
@@ -192,13 +192,36 @@ def read_jsonl(path: Path | str) -> list[dict]:
     return records
 
 
-def sweep_temp_files(directory: Path | str, older_than_s: float = 3600.0, now: float | None = None) -> list[Path]:
-    """Remove temp files of crashed writers older than `older_than_s`, recursively; returns what went."""
+def old_temp_files(directory: Path | str, older_than_s: float = 3600.0, now: float | None = None) -> list[Path]:
+    """Temp files of crashed writers older than `older_than_s`, recursively (`doctor` reports them)."""
     now = time.time() if now is None else now
-    removed = []
+    found = []
     directory = Path(directory)
     if not directory.is_dir():
-        return removed
+        return found
+    for root, _dirs, files in os.walk(directory):
+        for name in files:
+            if not is_temp_name(name):
+                continue
+            candidate = Path(root) / name
+            try:
+                if now - candidate.stat().st_mtime >= older_than_s:
+                    found.append(candidate)
+            except OSError:
+                continue
+    return found
+
+
+def sweep_temp_files(directory: Path | str, older_than_s: float = 3600.0, now: float | None = None) -> list[Path]:
+    """Remove temp files of crashed writers older than `older_than_s`, recursively; returns what went."""
+    removed = []
+    for candidate in old_temp_files(directory, older_than_s, now):
+        try:
+            candidate.unlink()
+        except OSError:
+            continue
+        removed.append(candidate)
+    return removed
     for root, _dirs, files in os.walk(directory):
         for name in files:
             if not is_temp_name(name):

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,11 +20,17 @@ OPTIONAL = ("substrate", "session_id", "started_at", "ttl_s", "task", "note", "h
 MAX_TEXT = 4096
 _AGENT_RE = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 _SESSION_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
-_UTC_TS_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?Z$")
+# hours 00-23 and minutes 00-59 as RFC 3339 says (datetime.fromisoformat would take 24:00)
+_UTC_TS_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T([01]\d|2[0-3]):[0-5]\d:\d{2}(\.\d{1,9})?Z$")
 
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_schema_int(value) -> bool:
+    # JSON Schema counts 1.0 as an integer; the mirror must agree with it
+    return _is_int(value) or (isinstance(value, float) and value.is_integer())
 
 
 def _is_number(value) -> bool:
@@ -56,7 +62,7 @@ def quick_check(doc) -> bool:
     for key in doc:
         if key not in REQUIRED and key not in OPTIONAL:
             return False
-    if not (_is_int(doc["schema_version"]) and doc["schema_version"] == SCHEMA_VERSION):
+    if not (_is_schema_int(doc["schema_version"]) and doc["schema_version"] == SCHEMA_VERSION):
         return False
     agent = doc["agent_id"]
     if not (isinstance(agent, str) and len(agent) <= 128 and _AGENT_RE.match(agent)):
@@ -68,7 +74,7 @@ def quick_check(doc) -> bool:
         return False
     if not _ts_ok(doc["beat_at"]):
         return False
-    if not (_is_int(doc["seq"]) and doc["seq"] >= 1):
+    if not (_is_schema_int(doc["seq"]) and doc["seq"] >= 1):
         return False
     if "substrate" in doc and not (isinstance(doc["substrate"], str) and len(doc["substrate"]) <= 128):
         return False
@@ -85,7 +91,7 @@ def quick_check(doc) -> bool:
             return False
     if "host" in doc and not (isinstance(doc["host"], str) and len(doc["host"]) <= 255):
         return False
-    if "pid" in doc and not (_is_int(doc["pid"]) and doc["pid"] >= 0):
+    if "pid" in doc and not (_is_schema_int(doc["pid"]) and doc["pid"] >= 0):
         return False
     if "x" in doc and not isinstance(doc["x"], dict):
         return False
@@ -124,11 +130,9 @@ def read_heartbeat(path: Path, detailed: bool = False) -> HeartbeatRead:
         return HeartbeatRead(agent_id, path, None, [{"pointer": "", "message": "no heartbeat file"}])
     except OSError as exc:
         return HeartbeatRead(agent_id, path, None, [{"pointer": "", "message": f"unreadable: {exc.strerror}"}])
-    import json
-
     try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        doc = _DECODER.decode(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
         return HeartbeatRead(agent_id, path, None, [{"pointer": "", "message": f"not valid JSON: {exc}"}], mtime)
     errors = []
     if detailed or not quick_check(doc):
@@ -139,6 +143,14 @@ def read_heartbeat(path: Path, detailed: bool = False) -> HeartbeatRead:
         errors.append({"pointer": "/agent_id",
                        "message": f"agent_id {doc['agent_id']!r} does not match the file name {path.name!r}"})
     return HeartbeatRead(agent_id, path, doc if isinstance(doc, dict) else None, errors, mtime)
+
+
+def _refuse_constant(name: str):
+    # NaN and Infinity are not JSON (Python reads them anyway); an infinite ttl_s would never go stale
+    raise ValueError(f"{name} is not a JSON number")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)  # one, not one per file read
 
 
 def iter_heartbeat_paths(directory: Path):
@@ -156,7 +168,7 @@ _UNSET = object()
 def write_heartbeat(paths, agent_id: str, *, harness: str | None = None, status: str | None = None,
                     task=_UNSET, note: str | None = None, ttl_s=_UNSET, substrate: str | None = None,
                     session_id: str | None = None, x: dict | None = None, now: str | None = None,
-                    default_status: str = "active") -> dict:
+                    default_status: str = "active", durable: bool = True) -> dict:
     """Write `heartbeats/<agent_id>.json` atomically and return the document.
 
     `seq` is the previous file's + 1 under a per-agent lock, so two beats of one agent never share
@@ -209,13 +221,23 @@ def write_heartbeat(paths, agent_id: str, *, harness: str | None = None, status:
             doc["task"] = current_task
         if note:
             doc["note"] = note
-        doc["host"] = socket.gethostname()[:255]
+        doc["host"] = _hostname()[:255]
         doc["pid"] = os.getpid()
         extra = x if x is not None else previous.get("x")
         if isinstance(extra, dict):
             doc["x"] = extra
-        atomic_write_json(path, doc)
+        # durable=False (refreshes by other verbs): still atomic, just no fsync on the hot path
+        atomic_write_json(path, doc, durable=durable)
     return doc
+
+
+def _hostname() -> str:
+    # os.uname is free; importing socket costs ~7 ms on every beat (start-up budget, issue 2)
+    if hasattr(os, "uname"):
+        return os.uname().nodename
+    import socket  # pragma: no cover - Windows
+
+    return socket.gethostname()
 
 
 def _str_or(value):

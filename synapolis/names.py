@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
 import re
-import secrets
 
 from .errors import UsageError
 from .timeutil import utcnow
@@ -25,7 +23,7 @@ def validate_agent_id(value, what: str = "agent id") -> str:
         raise UsageError(f"{what} must not be empty (rule: ^[A-Za-z0-9_.-]+$, at most {MAX_ID} characters)")
     if len(value) > MAX_ID:
         raise UsageError(f"{what} {_shown(value)} is longer than {MAX_ID} characters")
-    if not _ID_RE.match(value):
+    if not _ID_RE.fullmatch(value):
         raise UsageError(f"{what} {_shown(value)} breaks the rule ^[A-Za-z0-9_.-]+$")
     if value in (".", ".."):
         raise UsageError(f"{what} {_shown(value)} may not be '.' or '..'")
@@ -39,7 +37,7 @@ def validate_session_id(value, what: str = "session id") -> str:
         raise UsageError(f"{what} must not be empty (rule: ^[A-Za-z0-9_.-]+$, at most {MAX_ID} characters)")
     if len(value) > MAX_ID:
         raise UsageError(f"{what} {_shown(value)} is longer than {MAX_ID} characters")
-    if not _ID_RE.match(value):
+    if not _ID_RE.fullmatch(value):
         raise UsageError(f"{what} {_shown(value)} breaks the rule ^[A-Za-z0-9_.-]+$")
     if value in (".", ".."):
         raise UsageError(f"{what} {_shown(value)} may not be '.' or '..'")
@@ -51,7 +49,7 @@ def validate_claim_item(value, what: str = "claim item") -> str:
         raise UsageError(f"{what} must not be empty (rule: ^[A-Za-z0-9][A-Za-z0-9_.:/@+-]*$)")
     if len(value) > MAX_ITEM:
         raise UsageError(f"{what} {_shown(value)} is longer than {MAX_ITEM} characters")
-    if not _ITEM_RE.match(value):
+    if not _ITEM_RE.fullmatch(value):
         raise UsageError(f"{what} {_shown(value)} breaks the rule ^[A-Za-z0-9][A-Za-z0-9_.:/@+-]*$")
     if "//" in value:
         raise UsageError(f"{what} {_shown(value)} may not contain '//'")
@@ -77,6 +75,10 @@ def generate_agent_id(substrate: str | None, harness: str | None, conversation_i
 
     `deterministic` (hooks) takes the 4 hex from the same hash, so every call of one conversation agrees.
     """
+    # imported here: hashlib/secrets load OpenSSL (~6 ms), and most CLI calls generate no id
+    import hashlib
+    import secrets
+
     slug = slugify(substrate or harness)
     if conversation_id:
         digest = hashlib.sha256(conversation_id.encode("utf-8")).hexdigest()
@@ -89,4 +91,6 @@ def generate_agent_id(substrate: str | None, harness: str | None, conversation_i
 
 
 def generate_session_id() -> str:
+    import secrets
+
     return utcnow().strftime("%Y%m%d_%H%M%S_") + secrets.token_hex(4)

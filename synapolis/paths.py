@@ -99,6 +99,14 @@ class StatePaths:
         return self.root / "memory" / "ledger.jsonl"
 
     @property
+    def hook_states(self) -> Path:
+        return self.root / "hooks"
+
+    def hook_state(self, agent_id: str) -> Path:
+        # what a harness hook remembers between calls of one conversation (session, run token)
+        return self.hook_states / f"{validate_agent_id(agent_id)}.json"
+
+    @property
     def locks(self) -> Path:
         return self.root / ".locks"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime, timezone
 
 UTC = timezone.utc
@@ -11,6 +12,8 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+# cached: a monitor pass formats the same `now` and re-parses the same stamps for every agent
+@functools.lru_cache(maxsize=4096)
 def format_ts(moment: datetime, micro: bool = False) -> str:
     """RFC 3339 in UTC with a `Z`; seconds precision unless `micro`."""
     moment = moment.astimezone(UTC)
@@ -28,6 +31,11 @@ def parse_ts(text: str) -> datetime:
     """Parse an RFC 3339 timestamp; raises ValueError. Naive values are taken as UTC."""
     if not isinstance(text, str) or not text:
         raise ValueError(f"not a timestamp: {text!r}")
+    return _parse_ts(text)
+
+
+@functools.lru_cache(maxsize=32768)
+def _parse_ts(text: str) -> datetime:
     value = text.strip()
     if value[-1:] in ("Z", "z"):
         value = value[:-1] + "+00:00"

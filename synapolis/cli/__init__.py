@@ -18,7 +18,32 @@ from ..errors import InternalError, SynapolisError, UsageError
 # verb -> "module:attribute" inside synapolis.cli; imported lazily
 COMMANDS: dict[str, str] = {
     "init": "core_cmds:init_cmd",
-    "beat": "core_cmds:beat_cmd",
+    "beat": "signal_cmds:beat_cmd",
+    "start": "signal_cmds:start_cmd",
+    "list-agents": "signal_cmds:list_agents_cmd",
+    "signal": "signal_cmds:signal_cmd",
+    "read-signals": "signal_cmds:read_signals_cmd",
+    "ack-signals": "signal_cmds:ack_signals_cmd",
+    "signals-pending": "signal_cmds:signals_pending_cmd",
+    "note": "signal_cmds:note_cmd",
+    "read-notes": "signal_cmds:read_notes_cmd",
+    "whiteboard-write": "signal_cmds:whiteboard_write_cmd",
+    "whiteboard-read": "signal_cmds:whiteboard_read_cmd",
+    "monitor": "monitor_cmds:monitor_cmd",
+    "escalate": "monitor_cmds:escalate_cmd",
+    "escalations": "monitor_cmds:escalations_cmd",
+    "watchdog": "monitor_cmds:watchdog_cmd",
+    "claim": "claim_cmds:claim_cmd",
+    "release": "claim_cmds:release_cmd",
+    "claims": "claim_cmds:claims_cmd",
+    "claim-check": "claim_cmds:claim_check_cmd",
+    "hook": "person_cmds:hook_cmd",
+    "hooks": "person_cmds:hooks_group",
+    "doctor": "person_cmds:doctor_cmd",
+    "status": "person_cmds:status_cmd",
+    "demo": "person_cmds:demo_cmd",
+    "mcp": "mcp_cmds:mcp_cmd",
+    "tired": "sleep_cmds:tired_cmd",
 }
 
 

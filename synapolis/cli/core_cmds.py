@@ -1,13 +1,10 @@
-"""Commands of the foundation: init, beat, validate-heartbeat (monitor, escalation and watchdog verbs too)."""
+"""Commands of the foundation: init, validate-heartbeat (monitor, escalation and watchdog verbs too)."""
 
 from __future__ import annotations
-
-import os
 
 import click
 
 from .. import heartbeat as hb
-from ..errors import NoIdentityError
 from ..timeutil import humanize_age, parse_ts, utcnow
 from .common import emit, json_option, pass_workspace
 
@@ -22,32 +19,6 @@ def init_cmd(ws, as_json):
     """
     emit(as_json, {"state_dir": str(ws.root), "config": str(ws.paths.config)},
          lambda d: f"state directory ready: {d['state_dir']}")
-
-
-@click.command("beat")
-@click.option("--agent-id", default=None, help="Act as this agent (else $SYNAPOLIS_AGENT_ID).")
-@click.option("--status", type=click.Choice(hb.DECLARED_STATUSES), default=None, help="Declared status (default active).")
-@click.option("--task", default=None, help="What the agent is working on.")
-@click.option("--ttl", type=float, default=None, help="Seconds until this heartbeat counts as stale.")
-@click.option("--note", default=None, help="A note for this beat only.")
-@json_option
-@pass_workspace(create=True)
-def beat_cmd(ws, agent_id, status, task, ttl, note, as_json):
-    """Write this agent's heartbeat atomically.
-
-    Example: synapolis beat --agent-id alice --status active --task "fix #12"
-    """
-    agent_id = agent_id if agent_id is not None else os.environ.get("SYNAPOLIS_AGENT_ID")
-    if agent_id is None:
-        raise NoIdentityError("no agent id: pass --agent-id or set SYNAPOLIS_AGENT_ID")
-    kwargs = {"status": status or "active", "note": note, "harness": os.environ.get("SYNAPOLIS_HARNESS")}
-    if task is not None:
-        kwargs["task"] = task
-    if ttl is not None:
-        kwargs["ttl_s"] = ttl
-    doc = hb.write_heartbeat(ws.paths, agent_id, **kwargs)
-    emit(as_json, {"heartbeat": doc, "pending_signals": []},
-         lambda d: f"beat {d['heartbeat']['agent_id']} seq={d['heartbeat']['seq']} status={d['heartbeat']['status']}")
 
 
 @click.command("validate-heartbeat")

@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Wall time of the harness hook path (`synapolis hook claude-code`) against `python -c "import click"`.
+
+Target (issue 7): the hook at most 1.5x the baseline. Runs interleave so machine noise hits both
+sides alike; each measured the median of N runs. Writes its section of benchmarks/RESULTS.md.
+
+    python benchmarks/bench_hook.py [--runs 25]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# the shared harness of these scripts (console script, machine line, RESULTS.md sections, env)
+from bench_beat import bench_env, machine, synapolis_cmd, write_section
+
+HERE = Path(__file__).resolve().parent
+SECTION = "bench_hook"
+
+
+def timed(cmd, stdin: str | None, env, expect: str = "") -> float:
+    """Seconds one run took; a run that fails, complains or lacks `expect` in its output stops the script."""
+    started = time.perf_counter()
+    done = subprocess.run(cmd, input=stdin, capture_output=True, text=True, env=env)
+    elapsed = time.perf_counter() - started
+    if done.returncode != 0 or done.stderr or expect not in done.stdout:
+        raise SystemExit(f"{cmd} failed ({done.returncode}): {done.stderr.strip() or done.stdout[:200]}")
+    return elapsed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=25)
+    parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    args = parser.parse_args()
+
+    sys.path.insert(0, str(HERE.parent))
+    from synapolis import actions
+    from synapolis.hooks import agent_id_for
+    from synapolis.identity import Who
+    from synapolis.workspace import Workspace
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench-hook-"))
+    state = tmp / "state"
+    env = {**bench_env(tmp), "SYNAPOLIS_STATE_DIR": str(state)}
+    hook = synapolis_cmd() + ["hook", "claude-code"]
+    conversation = "bench-conversation-1"
+    start_event = json.dumps({"session_id": conversation, "hook_event_name": "SessionStart", "source": "startup",
+                              "cwd": str(tmp), "transcript_path": str(tmp / "t.jsonl")})
+    tool_event = json.dumps({"session_id": conversation, "hook_event_name": "PostToolUse", "cwd": str(tmp),
+                             "transcript_path": str(tmp / "t.jsonl"), "tool_name": "Bash",
+                             "tool_input": {"command": "ls"}, "tool_response": {"stdout": "a\nb\n"}})
+    state.mkdir(parents=True)
+    # one sender beats the default rate limit of 10 a minute here
+    (state / "synapolis.json").write_text(json.dumps({"rate_limit_per_min": 100000}), "utf-8")
+    try:
+        timed(hook, start_event, env)
+        ws = Workspace.open(state)
+        me = agent_id_for("claude-code", conversation, env={})
+        actions.start(ws, agent_id="bench-sender", env={}, write_identity=False)
+        timed(hook, tool_event, env)  # warm-up: bytecode written, page cache warm
+        baseline, quiet, with_signal = [], [], []
+        for i in range(args.runs):
+            baseline.append(timed([sys.executable, "-c", "import click"], None, env))
+            quiet.append(timed(hook, tool_event, env))
+            actions.signal(ws, Who("bench-sender"), me, f"benchmark signal {i}", env={})
+            with_signal.append(timed(hook, tool_event, env, expect=f"benchmark signal {i}"))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    b, q, s = (statistics.median(x) for x in (baseline, quiet, with_signal))
+    rows = [
+        ("`python -c \"import click\"` (baseline)", b, 1.0),
+        ("`synapolis hook claude-code` PostToolUse, nothing pending", q, q / b),
+        ("`synapolis hook claude-code` PostToolUse, one signal delivered", s, s / b),
+    ]
+    verdict = "met" if max(q, s) / b <= 1.5 else "NOT met"
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
+    lines = [f"## Hook path ({SECTION})", "",
+             f"Machine: {machine()}; load average {load} at the end. Command: "
+             f"`python benchmarks/bench_hook.py --runs {args.runs}` (interleaved runs, medians; the console "
+             f"script `{Path(hook[0]).name}`).", "",
+             "| what | median | vs baseline |", "|---|---|---|"]
+    lines += [f"| {name} | {value * 1000:.1f} ms | {ratio:.2f}x |" for name, value, ratio in rows]
+    lines += ["", f"Target: at most 1.5x the baseline — {verdict}."]
+    text = "\n".join(lines)
+    print(text)
+    if not args.no_write:
+        write_section(SECTION, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,591 @@
+"""Every verb of §3/§5/§7 as a library function: identity, the verb's work, heartbeat refresh, piggyback.
+
+The CLI prints these answers, the MCP server returns them and hooks use them; each returns the
+contract's JSON object for its verb.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from datetime import datetime
+
+from . import board, identity
+from .atomic import locked
+from . import signals as sig
+from .errors import AmbiguousIdentityError, ConflictError, ForbiddenError, NoIdentityError, NotFoundError, UsageError
+from .heartbeat import write_heartbeat
+from .identity import Who
+from .names import generate_agent_id, validate_agent_id, validate_claim_item, validate_session_id
+from .sessions import (active_sessions, agent_row, create_session, each_store, is_live, read_session, registry_status,
+                       reopen_session, sessions_of_agent, ts)
+from .store import SessionStore
+from .timeutil import format_ts, humanize_age, parse_ts, utcnow
+
+ENV_HARNESS = "SYNAPOLIS_HARNESS"
+ENV_SUBSTRATE = "SYNAPOLIS_SUBSTRATE"
+
+
+def _now(now: datetime | None) -> datetime:
+    return now or utcnow()
+
+
+def _same_token(presented: str, stored: str) -> bool:
+    import hmac  # not at the top: it loads OpenSSL (~6 ms), and most calls present no token
+
+    return hmac.compare_digest(str(presented).encode(), str(stored).encode())
+
+
+def _new_token() -> str:
+    import secrets
+
+    return secrets.token_hex(16)
+
+
+def _check_token(ws, caller, row, mutation: bool) -> None:
+    """A presented token must match (always, exit 7); with require_run_token a mutation must present one."""
+    if caller.run_token is not None:
+        if not _same_token(caller.run_token, row["run_token"]):
+            raise ForbiddenError(f"wrong run token for agent {caller.agent_id} in session {caller.session_id}")
+    elif mutation and ws.config.require_run_token:
+        raise ForbiddenError(f"require_run_token is on: agent {caller.agent_id} must present its run token "
+                             "(--run-token or SYNAPOLIS_RUN_TOKEN)")
+
+
+class AgentCall:
+    """One verb acting as an agent: its identity, its session store, and the closing refresh + piggyback."""
+
+    def __init__(self, ws, caller, store, row, now, piggyback, method):
+        self.ws = ws
+        self.caller = caller
+        self.store = store
+        self.row = row
+        self.now = now
+        self.piggyback = piggyback
+        self.method = method
+        self.heartbeat_fields: dict = {}  # status/task/ttl_s/note for the refresh (beat, tired)
+        self.durable_beat = False
+        self.heartbeat: dict | None = None
+        self.finished = False
+
+    @property
+    def agent_id(self) -> str:
+        return self.caller.agent_id
+
+    @property
+    def session_id(self) -> str | None:
+        return self.caller.session_id
+
+    @property
+    def registered(self) -> bool:
+        return self.row is not None
+
+    def _refresh_heartbeat(self) -> dict:
+        fields = dict(self.heartbeat_fields)
+        if self.row is not None:
+            fields.setdefault("harness", self.row["harness"])
+            if self.row["substrate"]:
+                fields.setdefault("substrate", self.row["substrate"])
+        return write_heartbeat(self.ws.paths, self.agent_id, session_id=self.session_id if self.registered else None,
+                               now=format_ts(self.now), durable=self.durable_beat, **fields)
+
+    def beat_now(self) -> dict:
+        """Write the heartbeat refresh now, before the verb takes the store's write lock (finish reuses it)."""
+        if self.heartbeat is None:
+            self.heartbeat = self._refresh_heartbeat()
+        return self.heartbeat
+
+    def finish(self, result: dict | None = None, conn=None, *, limit: int | None = None,
+               budget_chars: int | None = None) -> dict:
+        """Refresh the heartbeat and the registry, and attach the caller's undelivered signals.
+
+        With `conn` (a write transaction the verb holds) everything commits together with the verb.
+        """
+        result = {} if result is None else result
+        if self.heartbeat is None:
+            self.heartbeat = self._refresh_heartbeat()
+        pending: list = []
+        if self.registered:
+            def work(c):
+                c.execute("UPDATE agents SET last_heartbeat = ?, status = ? WHERE id = ?",
+                          (ts(self.now), registry_status(self.heartbeat["status"]), self.agent_id))
+                if self.piggyback:
+                    return sig.drain(c, self.agent_id, self.method, self.now, self.ws.config,
+                                     limit=limit, budget_chars=budget_chars)
+                return []
+            if conn is not None:
+                pending = work(conn)
+            else:
+                with self.store.write() as c:
+                    pending = work(c)
+        self.finished = True
+        result["pending_signals"] = pending
+        return result
+
+
+@contextlib.contextmanager
+def as_agent(ws, who: Who | None = None, *, env=None, piggyback: bool = True, method: str = "piggyback",
+             mutation: bool = True, required: bool = True, need_session: bool = True,
+             need_registration: bool = True, now: datetime | None = None):
+    """Resolve the caller (§3), check its run token, yield an AgentCall; on leaving, refresh it.
+
+    `required=False` (read-only verbs) yields None when no identity resolves, it is ambiguous, or the
+    agent is not registered in the session; a wrong run token is refused even then.
+    """
+    now = _now(now)
+    caller = identity.resolve(ws, who, env=env, required=required, need_session=need_session, now=now)
+    if caller is None:
+        yield None
+        return
+    store = row = None
+    if caller.session_id is not None:
+        try:
+            store = SessionStore.open(ws, caller.session_id)
+        except NotFoundError:
+            if required:  # a session that was named (or remembered) but does not exist
+                raise
+        if store is not None:
+            with store.read() as conn:
+                row = agent_row(conn, caller.agent_id)
+    try:
+        if row is None and need_registration:
+            if not required:
+                yield None
+                return
+            raise NoIdentityError(f"agent {caller.agent_id} is not registered in session {caller.session_id}: "
+                                  f"run `synapolis start --agent-id {caller.agent_id} --session-id {caller.session_id}`")
+        if row is not None:
+            _check_token(ws, caller, row, mutation)
+        if mutation or row is not None:
+            ws.ensure()
+        call = AgentCall(ws, caller, store, row, now, piggyback, method)
+        yield call
+        if not call.finished:
+            call.finish()
+    finally:
+        if store is not None:
+            store.close()
+
+
+def _who(who: Who | None, session_id: str | None = None) -> Who:
+    who = who or Who()
+    if session_id is not None:
+        return Who(who.agent_id, session_id, who.run_token)
+    return who
+
+
+# -- start -----------------------------------------------------------------------------------------
+
+def _choose_session(ws, session_id, new_session, now) -> tuple[str, bool]:
+    """(session id, created?) for start: the named one, a new one, or the only active one."""
+    if session_id is not None:
+        path = ws.paths.session_json(session_id)
+        if not path.exists():
+            return create_session(ws, session_id, now), True
+        if read_session(ws, session_id).get("status") != "active":
+            reopen_session(ws, session_id, now)
+        SessionStore.open(ws, session_id, create=True).close()  # a crash may have left only session.json
+        return session_id, False
+    if new_session:
+        return create_session(ws, None, now), True
+    active = active_sessions(ws)
+    if len(active) == 1:
+        return active[0], False
+    if len(active) > 1:
+        raise AmbiguousIdentityError(f"{len(active)} sessions are active ({', '.join(active[:5])}"
+                                     f"{', ...' if len(active) > 5 else ''}): pass --session-id or --new-session")
+    return create_session(ws, None, now), True
+
+
+def start(ws, *, agent_id: str | None = None, session_id: str | None = None, harness: str | None = None,
+          substrate: str | None = None, conversation_id: str | None = None, run_token: str | None = None,
+          new_session: bool = False, deterministic_id: bool = False, env=None, piggyback: bool = True,
+          now: datetime | None = None, write_identity: bool = True) -> dict:
+    """`start_session`: register the agent in a session, beat, write identity.json, drain (startup_drain)."""
+    env = os.environ if env is None else env
+    now = _now(now)
+    if agent_id is not None:
+        validate_agent_id(agent_id)
+    if session_id is not None:
+        validate_session_id(session_id)
+    if run_token is not None and not (isinstance(run_token, str) and run_token.strip()):
+        raise UsageError("run token must not be empty")
+    env_agent = env.get(identity.ENV_AGENT) or None
+    if agent_id is None and env_agent and conversation_id is None:
+        agent_id = validate_agent_id(env_agent, identity.ENV_AGENT)
+        env_session = env.get(identity.ENV_SESSION) or None
+        if run_token is None and env.get(identity.ENV_TOKEN) and (session_id is None or env_session in (None, session_id)):
+            run_token = env[identity.ENV_TOKEN]
+    if session_id is None and not new_session and env.get(identity.ENV_SESSION):
+        session_id = validate_session_id(env[identity.ENV_SESSION], identity.ENV_SESSION)
+    harness = harness or env.get(ENV_HARNESS) or "cli"
+    substrate = substrate or env.get(ENV_SUBSTRATE) or None
+    for value, what in ((harness, "harness"), (substrate or "", "substrate")):
+        if len(value) > 128:
+            raise UsageError(f"{what} is longer than 128 characters")
+    if agent_id is None:
+        agent_id = generate_agent_id(substrate, harness, conversation_id, deterministic=deterministic_id)
+    ws.ensure()
+    with locked(ws.paths.lock("sessions")):  # two first agents must not each create a session
+        session_id, created = _choose_session(ws, session_id, new_session, now)
+    store = SessionStore.open(ws, session_id)
+    try:
+        with store.write() as conn:
+            row = agent_row(conn, agent_id)
+            stamp = ts(now)
+            if row is not None:
+                if run_token is not None:
+                    if not _same_token(run_token, row["run_token"]):
+                        raise ForbiddenError(f"wrong run token for agent {agent_id} in session {session_id}")
+                    token, how = row["run_token"], "reclaimed"
+                elif is_live(row, now, ws.config):
+                    age = (now - parse_ts(row["last_heartbeat"])).total_seconds()
+                    raise ConflictError(
+                        f"agent {agent_id} is already active in session {session_id} (last heartbeat "
+                        f"{humanize_age(age)}): present its run token to reclaim it, or pick another --agent-id")
+                else:
+                    token, how = _new_token(), "taken_over"
+                conn.execute("UPDATE agents SET harness = ?, substrate = ?, status = 'active', last_heartbeat = ?, "
+                             "run_token = ?, started_at = ? WHERE id = ?",
+                             (harness, substrate or "", stamp, token, stamp, agent_id))
+            else:
+                token, how = run_token or _new_token(), "joined"
+                joined_seq = conn.execute("SELECT COALESCE(max(sequence), 0) FROM signals").fetchone()[0]
+                conn.execute("INSERT INTO agents (id, harness, substrate, status, last_heartbeat, run_token, joined_at, "
+                             "joined_seq, read_upto, delivered_upto, started_at) "
+                             "VALUES (?, ?, ?, 'active', ?, ?, ?, ?, 0, 0, ?)",
+                             (agent_id, harness, substrate or "", stamp, token, stamp, joined_seq, stamp))
+            pending = sig.drain(conn, agent_id, "startup_drain", now, ws.config) if piggyback else []
+    finally:
+        store.close()
+    doc = write_heartbeat(ws.paths, agent_id, harness=harness, substrate=substrate, session_id=session_id,
+                          status="active", now=format_ts(now))
+    if write_identity:
+        identity.write_identity_file(ws, agent_id, session_id, token, harness=harness, substrate=substrate)
+    return {"agent_id": agent_id, "session_id": session_id, "run_token": token, "status": "active",
+            "registration": how, "created_session": created, "harness": harness, "substrate": substrate,
+            "heartbeat": doc, "pending_signals": pending}
+
+
+# -- beat ------------------------------------------------------------------------------------------
+
+def beat(ws, who: Who | None = None, *, status: str | None = None, task: str | None = None,
+         ttl_s: float | None = None, note: str | None = None, env=None, piggyback: bool = True,
+         method: str = "piggyback", now: datetime | None = None) -> dict:
+    """Write the caller's heartbeat (default status active) and its registry row; an agent in no session
+    still gets its heartbeat file."""
+    env = os.environ if env is None else env
+    with as_agent(ws, who, env=env, piggyback=piggyback, method=method, need_session=False,
+                  need_registration=False, now=now) as call:
+        fields = {"status": status or "active"}
+        if task is not None:
+            fields["task"] = task
+        if ttl_s is not None:
+            fields["ttl_s"] = ttl_s
+        if note is not None:
+            fields["note"] = note
+        if not call.registered and env.get(ENV_HARNESS):
+            fields["harness"] = env[ENV_HARNESS]
+        call.heartbeat_fields = fields
+        call.durable_beat = True
+        result = call.finish({})
+        return {"heartbeat": call.heartbeat, "agent_id": call.agent_id, "session_id": call.session_id,
+                "registered": call.registered, "pending_signals": result["pending_signals"]}
+
+
+# -- signals ---------------------------------------------------------------------------------------
+
+def signal(ws, who: Who | None, to: str, content: str, *, type: str = "inform", sender_id: str | None = None,
+           reply_to: str | None = None, env=None, piggyback: bool = True, now: datetime | None = None) -> dict:
+    """Send one signal; the answer names its audience (live, waiting) and carries pending signals."""
+    with as_agent(ws, who, env=env, piggyback=piggyback, now=now) as call:
+        call.beat_now()  # outside the write lock: the file write need not serialize writers
+        with call.store.write() as conn:
+            signal_doc, audience = sig.send(conn, caller=call.agent_id, recipient=to, content=content, now=call.now,
+                                            config=ws.config, type_=type, sender=sender_id, reply_to=reply_to)
+            return call.finish({"signal": signal_doc, "audience": audience, "session_id": call.session_id}, conn)
+
+
+def read_signals(ws, who: Who | None = None, *, unread_only: bool = True, limit: int | None = None, env=None,
+                 after: int = 0, now: datetime | None = None) -> dict:
+    """Pure query: the caller's signals oldest first (unread only, or everything including history).
+
+    Marks nothing delivered and nothing read (EP-0118's CQS); it only refreshes the heartbeat.
+    """
+    _check_limit(limit)
+    with as_agent(ws, who, env=env, piggyback=False, mutation=False, now=now) as call:
+        with call.store.read() as conn:
+            found = sig.query(conn, call.agent_id, unread_only=unread_only, include_history=not unread_only,
+                              after=after, limit=limit)
+            latest = sig.latest_visible_sequence(conn, call.agent_id)
+        call.finish()
+        return {"signals": found, "agent_id": call.agent_id, "session_id": call.session_id,
+                "latest_sequence": latest}
+
+
+def _check_limit(limit) -> None:
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        raise UsageError(f"limit must be a positive whole number, not {limit!r}")
+
+
+def ack_signals(ws, who: Who | None, ids, *, all: bool = False, env=None, piggyback: bool = True,
+                now: datetime | None = None) -> dict:
+    """Mark signals read: full ids or unique prefixes of 8+ hex characters, or every unread one."""
+    if not all and not ids:
+        raise UsageError("name the signals to ack (comma-separated ids or prefixes), or pass --all")
+    with as_agent(ws, who, env=env, piggyback=piggyback, now=now) as call:
+        call.beat_now()  # outside the write lock: the file write need not serialize writers
+        with call.store.write() as conn:
+            acked = sig.ack(conn, call.agent_id, ids, call.now, all_visible=all)
+            return call.finish({"acked": acked}, conn)
+
+
+def signals_pending(ws, who: Who | None = None, *, env=None, method: str = "poll", limit: int | None = None,
+                    budget_chars: int | None = None, now: datetime | None = None) -> dict:
+    """Drain the caller's undelivered signals (`poll`; hooks pass `hook`, which also redelivers)."""
+    _check_limit(limit)
+    with as_agent(ws, who, env=env, piggyback=True, method=method, now=now) as call:
+        call.beat_now()  # outside the write lock: the file write need not serialize writers
+        with call.store.write() as conn:
+            return call.finish({}, conn, limit=limit, budget_chars=budget_chars)
+
+
+def inbox(ws, session_id: str, agent_id: str, *, method: str = "push", now: datetime | None = None) -> dict:
+    """The MCP inbox resource: the agent's unread signals; those not yet delivered are marked with `method`."""
+    validate_session_id(session_id)
+    validate_agent_id(agent_id)
+    now = _now(now)
+    store = SessionStore.open(ws, session_id)
+    try:
+        with store.write() as conn:
+            if agent_row(conn, agent_id) is None:
+                raise NotFoundError(f"agent {agent_id!r} is not registered in session {session_id!r}")
+            sig.drain(conn, agent_id, method, now, ws.config)
+            return {"signals": sig.unread(conn, agent_id)}
+    finally:
+        store.close()
+
+
+def follow_signals(ws, who: Who | None = None, *, unread_only: bool = True, limit: int | None = None, env=None,
+                   stop=None, safety_wait_s: float = 5.0):
+    """Yield the caller's signals, then each new one as it is stored, until `stop` (an Event) is set.
+
+    New signals are noticed by watching the session folder with watchdog (inotify where the system
+    has it, a polling observer otherwise); `safety_wait_s` re-checks in case an event was missed.
+    """
+    import threading
+
+    first = read_signals(ws, who, unread_only=unread_only, limit=limit, env=env)
+    yield from first["signals"]
+    last = max([s["sequence"] for s in first["signals"]] + [first["latest_sequence"]])
+    agent, session = first["agent_id"], first["session_id"]
+    stop = stop or threading.Event()
+    changed = threading.Event()
+    observer = watch_session(ws, session, changed.set)
+    store = SessionStore.open(ws, session)
+    try:
+        while not stop.is_set():
+            changed.wait(safety_wait_s)
+            changed.clear()
+            if stop.is_set():
+                break
+            with store.read() as conn:
+                new = sig.query(conn, agent, unread_only=unread_only, include_history=True, after=last)
+            for item in new:
+                last = max(last, item["sequence"])
+                yield item
+    finally:
+        store.close()
+        observer.stop()
+
+
+def watch_session(ws, session_id: str, on_change):
+    """Start a watchdog observer calling `on_change()` whenever the session's files change; returns it."""
+    from watchdog.events import FileSystemEventHandler
+
+    class Handler(FileSystemEventHandler):
+        def on_any_event(self, event):
+            if not event.is_directory:
+                on_change()
+
+    folder = str(ws.paths.session_dir(session_id))
+    try:
+        from watchdog.observers import Observer
+
+        observer = Observer()
+        observer.schedule(Handler(), folder, recursive=False)
+        observer.start()
+    except OSError:  # no inotify (limits, exotic filesystems): poll the folder instead
+        from watchdog.observers.polling import PollingObserver
+
+        observer = PollingObserver(timeout=0.5)
+        observer.schedule(Handler(), folder, recursive=False)
+        observer.start()
+    return observer
+
+
+def warn_sessions(ws, incident: dict, now: datetime | None = None) -> list[dict]:
+    """The escalation writer's `warn`: a broadcast from `synapolis.watchdog` into each active session
+    the incident's agent is registered in (every active session for `@global`)."""
+    now = _now(now)
+    agent = str(incident.get("agent_id") or "@global")
+    targets = active_sessions(ws) if agent.startswith("@") else sessions_of_agent(ws, agent)
+    condition = incident.get("condition", "failing")
+    failing = [str(a) for a in incident.get("agents") or []]
+    what = (f"{len(failing) or 'many'} of {incident.get('total_agents', '?')} agents are failing at once"
+            f"{': ' + ', '.join(failing[:10]) if failing else ''} (incident {incident.get('id', '?')}); "
+            "the machine or the monitor is the likely cause"
+            if agent.startswith("@") else
+            f"agent {agent} is {condition} (incident {incident.get('id', '?')}, level {incident.get('level', 1)}); "
+            "its work may need taking over")
+    sent = []
+    for session_id in targets:
+        store = SessionStore.open(ws, session_id)
+        try:
+            with store.write() as conn:
+                doc, _aud = sig.send(conn, caller=None, recipient=sig.BROADCAST, content=what, now=now,
+                                     config=ws.config, type_="warn", sender=sig.SYSTEM_SENDER, rate_limited=False)
+            sent.append({"session_id": session_id, "signal_id": doc["id"]})
+        finally:
+            store.close()
+    return sent
+
+
+# -- agents, notes, whiteboard ---------------------------------------------------------------------
+
+def _read_scope(ws, call, session_id: str | None, several_ok: bool = False) -> list[str]:
+    """Sessions a read-only verb reads: the named one, the caller's, else the only active one."""
+    if session_id is not None:
+        read_session(ws, validate_session_id(session_id))
+        return [session_id]
+    if call is not None and call.session_id is not None:
+        return [call.session_id]
+    active = active_sessions(ws)
+    if len(active) > 1 and not several_ok:
+        raise AmbiguousIdentityError(f"{len(active)} sessions are active: pass --session-id")
+    return active
+
+
+def _finish_read(call, result: dict) -> dict:
+    if call is None:
+        result["pending_signals"] = []
+        return result
+    return call.finish(result)
+
+
+def list_agents(ws, who: Who | None = None, *, session_id: str | None = None, env=None, piggyback: bool = True,
+                now: datetime | None = None) -> dict:
+    """The session's agents (every active session's when none is named or resolved) with registry
+    status and their heartbeat's effective status."""
+    from .status import status_of_agent
+
+    now = _now(now)
+    with as_agent(ws, _who(who, session_id), env=env, piggyback=piggyback, mutation=False, required=False,
+                  now=now) as call:
+        agents = []
+        for sid, conn in each_store(ws, _read_scope(ws, call, session_id, several_ok=True)):
+            for r in conn.execute("SELECT * FROM agents ORDER BY id").fetchall():
+                agents.append({"id": r["id"], "session_id": sid, "harness": r["harness"],
+                               "substrate": r["substrate"] or None, "status": r["status"],
+                               "effective_status": status_of_agent(ws.paths, r["id"], now, ws.config),
+                               "last_heartbeat": r["last_heartbeat"], "joined_at": r["joined_at"],
+                               "live": is_live(r, now, ws.config)})
+        return _finish_read(call, {"agents": agents})
+
+
+def note(ws, who: Who | None, text: str, *, env=None, piggyback: bool = True, now: datetime | None = None) -> dict:
+    """Append to the session's notes bus."""
+    with as_agent(ws, who, env=env, piggyback=piggyback, now=now) as call:
+        record = board.append_note(ws, call.session_id, call.agent_id, text, call.now)
+        return call.finish({"note": record})
+
+
+def read_notes(ws, who: Who | None = None, *, session_id: str | None = None, limit: int = 50, env=None,
+               piggyback: bool = True, now: datetime | None = None) -> dict:
+    """The newest `limit` notes of the session, oldest first."""
+    _check_limit(limit)
+    with as_agent(ws, _who(who, session_id), env=env, piggyback=piggyback, mutation=False, required=False,
+                  now=now) as call:
+        scope = _read_scope(ws, call, session_id)
+        notes = board.read_notes(ws, scope[0], limit) if scope else []
+        return _finish_read(call, {"notes": notes, "session_id": scope[0] if scope else None})
+
+
+def whiteboard_write(ws, who: Who | None, key: str, value: str, *, env=None, piggyback: bool = True,
+                     now: datetime | None = None) -> dict:
+    """Set a whiteboard entry (last writer wins)."""
+    with as_agent(ws, who, env=env, piggyback=piggyback, now=now) as call:
+        call.beat_now()  # outside the write lock: the file write need not serialize writers
+        with call.store.write() as conn:
+            entry = board.write_entry(conn, key, value, call.agent_id, call.now, ws.config)
+            return call.finish({"entry": entry}, conn)
+
+
+def whiteboard_read(ws, who: Who | None = None, key: str | None = None, *, session_id: str | None = None,
+                    env=None, piggyback: bool = True, now: datetime | None = None) -> dict:
+    """One whiteboard entry (`entry`; NotFoundError when missing) or all of them (`entries`)."""
+    if key is not None:
+        board.check_key(key)
+    with as_agent(ws, _who(who, session_id), env=env, piggyback=piggyback, mutation=False, required=False,
+                  now=now) as call:
+        scope = _read_scope(ws, call, session_id)
+        if not scope:
+            if key is not None:
+                raise NotFoundError(f"no whiteboard key {key!r}: there is no active session")
+            return _finish_read(call, {"entries": [], "session_id": None})
+        store = SessionStore.open(ws, scope[0])
+        try:
+            with store.read() as conn:
+                result = {"entry": board.read_entry(conn, key)} if key is not None else \
+                    {"entries": board.read_entries(conn)}
+        finally:
+            store.close()
+        result["session_id"] = scope[0]
+        return _finish_read(call, result)
+
+
+# -- claims (contract §9; the lock helper itself is synapolis.claims) ------------------------------
+
+def claim(ws, who: Who | None, item: str, *, ttl_s: float | None = None, wait_s: float = 0, env=None,
+          piggyback: bool = True, now: datetime | None = None) -> dict:
+    """Claim (or renew) `item` as the caller."""
+    from . import claims
+
+    # refuse bad input before as_agent writes anything (a heartbeat refresh is a write)
+    validate_claim_item(item)
+    claims.check_ttl(ttl_s, ws.config)
+    claims.check_wait(wait_s)
+    with as_agent(ws, who, env=env, piggyback=piggyback, need_session=False, need_registration=False,
+                  now=now) as call:
+        record = claims.claim(ws, item, call.agent_id, session_id=call.session_id, ttl_s=ttl_s, wait_s=wait_s,
+                              now=now)
+        return call.finish({"claim": dict(record), "event": getattr(record, "event", None)})
+
+
+def release(ws, who: Who | None, item: str, *, force: bool = False, reason: str | None = None, env=None,
+            piggyback: bool = True, now: datetime | None = None) -> dict:
+    """Release `item` as the caller (another's only with force and a reason)."""
+    from . import claims
+
+    validate_claim_item(item)
+    claims.check_force(force, reason)
+    with as_agent(ws, who, env=env, piggyback=piggyback, need_session=False, need_registration=False,
+                  now=now) as call:
+        record = claims.release(ws, item, call.agent_id, force=force, reason=reason, now=now)
+        return call.finish({"claim": dict(record), "event": getattr(record, "event", None)})
+
+
+def list_claims(ws, who: Who | None = None, *, env=None, piggyback: bool = True, now: datetime | None = None) -> dict:
+    """Every claim with its state; acts as the caller too when one resolves."""
+    from . import claims
+
+    with as_agent(ws, who, env=env, piggyback=piggyback, mutation=False, required=False, need_session=False,
+                  need_registration=False, now=now) as call:
+        return _finish_read(call, {"claims": claims.list_claims(ws, now)})
+
+
+def claim_check(ws, who: Who | None, item: str, token, *, env=None, now: datetime | None = None) -> dict:
+    """The fencing check: the live claim record, StaleToken (exit 7) or NotFoundError (exit 6)."""
+    from . import claims
+
+    return {"claim": claims.check(ws, item, token, now=now), "live": True, "pending_signals": []}

@@ -1,0 +1,113 @@
+"""The shared whiteboard (`session_state` in session.db) and the notes bus (`notes.jsonl`) of a session."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime
+
+from .atomic import append_jsonl, locked, read_jsonl
+from .errors import NotFoundError, UsageError
+from .sessions import ts
+from .timeutil import format_ts
+
+MAX_KEY = 200
+_TAIL_BLOCK = 65536
+
+
+def _check_text(text, what: str, config, allow_empty: bool = False) -> str:
+    if not isinstance(text, str):
+        raise UsageError(f"{what} must be text")
+    if not text and not allow_empty:
+        raise UsageError(f"{what} is empty")
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > int(config.max_content_bytes):
+        raise UsageError(f"{what} is {size} bytes, more than max_content_bytes={config.max_content_bytes}")
+    return text
+
+
+def check_key(key) -> str:
+    if not isinstance(key, str) or not key.strip():
+        raise UsageError("whiteboard key must not be empty")
+    if len(key) > MAX_KEY:
+        raise UsageError(f"whiteboard key is longer than {MAX_KEY} characters")
+    if any(ord(c) < 32 or ord(c) == 127 for c in key):
+        raise UsageError("whiteboard key may not contain control characters")
+    return key
+
+
+def _entry(row) -> dict:
+    return {"key": row["key"], "value": row["value"], "updated_by": row["updated_by"], "updated_at": row["updated_at"]}
+
+
+# -- whiteboard ------------------------------------------------------------------------------------
+
+def write_entry(conn, key: str, value: str, agent_id: str, now: datetime, config) -> dict:
+    """Inside a write transaction: set `key` to `value` (last writer wins, with who and when)."""
+    check_key(key)
+    _check_text(value, "whiteboard value", config, allow_empty=True)
+    stamp = ts(now)
+    conn.execute("INSERT INTO session_state (key, value, updated_by, updated_at) VALUES (?, ?, ?, ?) "
+                 "ON CONFLICT(key) DO UPDATE SET value = excluded.value, updated_by = excluded.updated_by, "
+                 "updated_at = excluded.updated_at", (key, value, agent_id, stamp))
+    return {"key": key, "value": value, "updated_by": agent_id, "updated_at": stamp}
+
+
+def read_entry(conn, key: str) -> dict:
+    check_key(key)
+    row = conn.execute("SELECT * FROM session_state WHERE key = ?", (key,)).fetchone()
+    if row is None:
+        raise NotFoundError(f"no whiteboard key {key!r}")
+    return _entry(row)
+
+
+def read_entries(conn) -> list[dict]:
+    return [_entry(r) for r in conn.execute("SELECT * FROM session_state ORDER BY key").fetchall()]
+
+
+# -- notes bus -------------------------------------------------------------------------------------
+
+def _last_seq(path) -> int:
+    """The seq of the last complete note, reading backwards from the end (a torn tail is skipped)."""
+    try:
+        handle = open(path, "rb")
+    except FileNotFoundError:
+        return 0
+    with handle:
+        end = handle.seek(0, os.SEEK_END)
+        tail = b""
+        position = end
+        while position > 0:
+            step = min(_TAIL_BLOCK, position)
+            position -= step
+            handle.seek(position)
+            tail = handle.read(step) + tail
+            lines = tail.split(b"\n")
+            # lines[0] may be cut by the block boundary unless we reached the start of the file
+            complete = lines if position == 0 else lines[1:]
+            for line in reversed(complete):
+                try:
+                    record = json.loads(line)
+                except (UnicodeDecodeError, json.JSONDecodeError):
+                    continue
+                if isinstance(record, dict) and isinstance(record.get("seq"), int):
+                    return record["seq"]
+    return 0
+
+
+def append_note(ws, session_id: str, agent_id: str, text: str, now: datetime) -> dict:
+    """Append one note; `seq` is assigned under a per-session lock, so it is unique and increasing."""
+    _check_text(text, "note", ws.config)
+    path = ws.paths.session_notes(session_id)
+    with locked(ws.paths.lock(f"notes.{session_id}")):
+        record = {"seq": _last_seq(path) + 1, "at": format_ts(now, micro=True), "agent_id": agent_id, "text": text}
+        append_jsonl(path, record)
+    return record
+
+
+def read_notes(ws, session_id: str, limit: int = 50) -> list[dict]:
+    """The newest `limit` notes, oldest first."""
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise UsageError(f"limit must be a positive whole number, not {limit!r}")
+    notes = [r for r in read_jsonl(ws.paths.session_notes(session_id)) if isinstance(r.get("seq"), int)]
+    return notes[-limit:]

@@ -1,0 +1,183 @@
+"""Commands for harness integration and for people: hook, hooks install|uninstall, doctor, status, demo."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+
+import click
+
+from .common import emit, json_option
+
+
+def _state_dir(ctx: click.Context):
+    return (ctx.find_root().obj or {}).get("state_dir")
+
+
+@click.command("hook")
+@click.argument("harness")
+@click.pass_context
+def hook_cmd(ctx, harness):
+    """Handle one harness hook event (JSON on stdin); answer in HARNESS's shape, always exit 0.
+
+    HARNESS is claude-code, gemini-cli or codex. Problems go to stderr; the harness is never blocked.
+
+    Example: echo '{"session_id":"s1","hook_event_name":"SessionStart"}' | synapolis hook claude-code
+    """
+    from ..hooks import MAX_INPUT_BYTES, run_bounded
+
+    def read_input():
+        if sys.stdin is None or sys.stdin.isatty():
+            return b""
+        return sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
+
+    def write(stream):
+        # bytes, in UTF-8 whatever the locale says: the harness parses JSON, and a signal's text
+        # must not make the hook fail on an ASCII-only terminal encoding
+        def _write(text):
+            stream.buffer.write(text.encode("utf-8", "replace"))
+            stream.flush()
+        return _write
+
+    run_bounded(harness, read_input, write(sys.stdout), write(sys.stderr), state_dir=_state_dir(ctx))
+
+
+@click.group("hooks")
+def hooks_group():
+    """Wire a harness up: add or remove synapolis's hook entries in its project settings file.
+
+    Example: synapolis hooks install claude-code --project-dir .
+    """
+
+
+def _project_option(func):
+    return click.option("--project-dir", type=click.Path(file_okay=False), default=".",
+                        help="The project whose settings file to change (default: the working directory).")(func)
+
+
+@hooks_group.command("install")
+@click.argument("harness", type=click.Choice(["claude-code", "gemini-cli", "codex"]))
+@_project_option
+@json_option
+def hooks_install_cmd(harness, project_dir, as_json):
+    """Merge synapolis's hooks into HARNESS's project settings file, keeping everything else (idempotent).
+
+    Example: synapolis hooks install gemini-cli --project-dir ~/src/app
+    """
+    from ..hook_install import install
+
+    def text(d):
+        what = f"added hooks for {', '.join(d['added'])}" if d["added"] else "already installed, nothing changed"
+        return [f"{d['harness']}: {what} in {d['settings_file']}"] + [f"note: {n}" for n in d["notes"]]
+
+    emit(as_json, install(harness, project_dir), text)
+
+
+@hooks_group.command("uninstall")
+@click.argument("harness", type=click.Choice(["claude-code", "gemini-cli", "codex"]))
+@_project_option
+@json_option
+def hooks_uninstall_cmd(harness, project_dir, as_json):
+    """Take synapolis's own hook entries out of HARNESS's project settings file; nothing else changes.
+
+    Example: synapolis hooks uninstall codex --project-dir .
+    """
+    from ..hook_install import uninstall
+
+    def text(d):
+        what = f"removed hooks from {', '.join(d['removed'])}" if d["removed"] else "no synapolis hooks found"
+        return f"{d['harness']}: {what} in {d['settings_file']}"
+
+    emit(as_json, uninstall(harness, project_dir), text)
+
+
+@click.command("doctor")
+@_project_option
+@json_option
+@click.pass_context
+def doctor_cmd(ctx, project_dir, as_json):
+    """Check the set-up and say how to fix each problem; exit 1 when something is wrong.
+
+    Checks: the state directory (writable, on a local filesystem), schemas and config, stray temporary
+    files, the watchdog's cron line, and each harness's hook and MCP entries in the file it reads.
+
+    Example: synapolis doctor --project-dir .
+    """
+    from ..doctor import run_doctor
+    from ..errors import CheckFailed
+    from ..paths import find_state_dir
+
+    report = run_doctor(find_state_dir(_state_dir(ctx)), project_dir)
+    colour = not as_json and sys.stdout.isatty()
+    marks = {"ok": ("ok", "green"), "warn": ("WARN", "yellow"), "fail": ("FAIL", "red")}
+
+    def text(d):
+        lines = [f"state directory {d['state_dir']}, project {d['project_dir']}"]
+        for f in d["findings"]:
+            mark, fg = marks[f["status"]]
+            shown = click.style(f"{mark:4}", fg=fg, bold=True) if colour else f"{mark:4}"
+            lines.append(f"{shown}  {f['check']:<20} {f['message']}")
+            if f["fix"] and f["status"] != "ok":
+                lines.append(f"{'':4}  {'':<20} fix: {f['fix']}")
+        c = d["counts"]
+        lines.append(f"{c['fail']} problem(s), {c['warn']} warning(s), {c['ok']} ok")
+        return lines
+
+    emit(as_json, report, text)
+    if not report["ok"]:
+        raise click.exceptions.Exit(CheckFailed.exit_code)
+
+
+@click.command("status")
+@click.option("--watch", is_flag=True, help="Redraw whenever the state directory changes (Ctrl-C to stop).")
+@click.option("--width", type=int, default=None, help="Columns to fit (default: the terminal's, at most 80 if unknown).")
+@json_option
+@click.pass_context
+def status_cmd(ctx, watch, width, as_json):
+    """One screen for a person: agents, effective status, age, task, claims, unread counts, open incidents.
+
+    Example: synapolis status --watch
+    """
+    from .. import overview
+    from ..workspace import Workspace
+
+    ws = Workspace.open(_state_dir(ctx))
+    colour = not as_json and sys.stdout.isatty()
+    columns = width or (shutil.get_terminal_size((80, 24)).columns if sys.stdout.isatty() else 80)
+
+    def draw(clear: bool):
+        data = overview.collect(ws)
+        if as_json:
+            emit(True, data)
+            return
+        screen = overview.render(data, width=columns, colour=colour)
+        if clear and sys.stdout.isatty():
+            click.clear()
+        click.echo(screen)
+
+    if not watch:
+        draw(False)
+        return
+    overview.watch(ws, lambda: draw(True))
+
+
+@click.command("demo")
+@click.option("--keep", is_flag=True, help="Leave the demo's state directory in place and print its path.")
+@click.option("--agents", type=click.IntRange(3, 8), default=3, help="How many agent processes (3-8).")
+@json_option
+def demo_cmd(keep, agents, as_json):
+    """Watch a small swarm coordinate: start, signal, claim, one dies, the watchdog frees its claims, sleep.
+
+    Runs real agent processes in a temporary state directory, narrating each step; takes seconds.
+
+    Example: synapolis demo --keep
+    """
+    from ..demo import run_demo
+
+    def narrate(line: str) -> None:
+        if not as_json:
+            click.echo(line)
+
+    result = run_demo(keep=keep, agents=agents, narrate=narrate)
+    if as_json:
+        emit(True, result)

@@ -1,0 +1,74 @@
+"""The `tired` verb: the consensus sleep protocol from the command line (contract §8)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..errors import UsageError
+from .common import emit, identity_options, pass_workspace
+
+
+def read_memories_input(source: str | None) -> bytes | None:
+    """The bytes of `--memories FILE|-`, bounded, before anything is written."""
+    from ..sleep import MAX_INPUT_BYTES
+
+    if source is None:
+        return None
+    try:
+        if source == "-":
+            data = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
+        else:
+            with open(source, "rb") as handle:
+                data = handle.read(MAX_INPUT_BYTES + 1)
+    except IsADirectoryError:
+        raise UsageError(f"--memories {source}: is a directory") from None
+    except OSError as exc:
+        raise UsageError(f"--memories {source}: cannot read it ({exc.strerror or exc})") from None
+    return data
+
+
+def tired_text(d: dict) -> list[str]:
+    from .signal_cmds import _one_line, with_pending
+
+    others = d["active_others"]
+    if d["outcome"] == "standby":
+        lines = [f"standby: {others} other agent(s) still active in session {d['session_id']}; "
+                 f"{d['staged']} new memory(ies) staged for the last one to merge. You may stop now."]
+    else:
+        why = ("the session had ended already" if d.get("ended_before")
+               else f"{d['agent_id']} was the last active agent ({others} others active)")
+        lines = [f"consolidated: {why}; merged {d['consolidated']} staged memory(ies) into {d['memories']} "
+                 f"distinct one(s): {d['merged']} new ledger line(s), {d['already_held']} already in the ledger; "
+                 f"session {d['session_id']} {d['session_status']}."]
+        for line in d.get("ledger_lines", []):
+            key = f"[{line['key']}] " if line.get("key") else ""
+            lines.append(f"  + {key}{_one_line(line['text'])}  (from {', '.join(line['sources'])})")
+        if d.get("unreadable"):
+            lines.append(f"  ! {d['unreadable']} staged row(s) unreadable, left staged")
+    if d.get("flagged_stale"):
+        lines.append(f"flagged stale: {', '.join(d['flagged_stale'])}")
+    return with_pending(lines, d)
+
+
+@click.command("tired")
+@click.option("--memories", "memories_source", metavar="FILE|-", default=None,
+              help="What you learned: a JSON array of strings or {text, key, tags} objects, or JSON lines; '-' reads stdin.")
+@identity_options
+@pass_workspace(create=True)
+def tired_cmd(ws, memories_source, agent_id, session_id, run_token, no_piggyback, as_json):
+    """Go idle, stage your memories, and, if you are the last active agent, merge them all.
+
+    Standby (others still active) returns at once; the last agent merges every staged memory into
+    state/memory/ledger.jsonl and ends the session.
+
+    Example: echo '["tests run with uv run pytest"]' | synapolis tired --memories -
+    """
+    from ..identity import Who
+    from ..sleep import tired
+
+    # tired() checks every memory before it writes anything: bad input stages nothing (exit 2)
+    result = tired(ws, Who(agent_id=agent_id, session_id=session_id, run_token=run_token),
+                   memories=read_memories_input(memories_source), piggyback=not no_piggyback)
+    emit(as_json, result, tired_text)

@@ -1,0 +1,353 @@
+"""Escalation incidents: the reconcile policy, the notifier, the writer, ack and listing (contract §6)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import secrets
+import signal
+import subprocess
+from datetime import datetime
+
+from .atomic import append_jsonl, is_temp_name, locked, read_json, read_json_or, read_jsonl, atomic_write_json
+from .errors import InternalError, NotFoundError, UsageError
+from .names import validate_agent_id
+from .status import FAILING
+from .timeutil import format_ts, parse_ts, utcnow
+
+GLOBAL = "@global"
+GLOBAL_MIN_AGENTS = 4
+MAX_NOTIFICATIONS = 10  # per incident; the full story is in escalations.jsonl
+MIN_ID_PREFIX = 6
+_STDERR_TAIL = 300
+
+
+def incident_key(name: str) -> str:
+    return f"heartbeat:{name}"
+
+
+def is_open(incident) -> bool:
+    return isinstance(incident, dict) and incident.get("status") == "open"
+
+
+def _new_incident(name: str, level: int, condition: str, at: str, **extra) -> dict:
+    incident = {
+        "id": secrets.token_hex(8),
+        "key": incident_key(name),
+        "agent_id": name,
+        "level": level,
+        "condition": condition,
+        "status": "open",
+        "opened_at": at,
+        "updated_at": at,
+        "resolved_at": None,
+        "acked_at": None,
+        "notifications": [],
+        "notified_at": at,
+        "last_event": "opened",
+        "resolution": None,
+    }
+    incident.update(extra)
+    return incident
+
+
+def _touch(incident: dict, event: str, at: str, notify: bool = True) -> None:
+    incident["updated_at"] = at
+    incident["last_event"] = event
+    if notify:
+        incident["notified_at"] = at
+
+
+def _event(event: str, name: str, incident: dict, at: str) -> dict:
+    return {"at": at, "event": event, "key_name": name, "incident_id": incident["id"], "key": incident["key"],
+            "agent_id": incident["agent_id"], "level": incident["level"], "condition": incident["condition"]}
+
+
+def _due(incident: dict, now: datetime, repeat_after_s: float) -> bool:
+    if not is_open(incident) or incident.get("acked_at"):
+        return False
+    try:
+        last = parse_ts(incident.get("notified_at") or incident["opened_at"])
+    except (KeyError, ValueError):
+        return True
+    return (now - last).total_seconds() >= repeat_after_s
+
+
+def _valid_name(agent_id: str) -> bool:
+    try:
+        validate_agent_id(agent_id)
+        return True
+    except UsageError:
+        return False
+
+
+def reconcile(monitor_doc: dict, current_incidents: dict, now: datetime, config) -> tuple[dict, list]:
+    """The incidents after reconciling `current_incidents` with `monitor_doc` at `now`, and the events.
+
+    Pure. `current_incidents` maps a key name (agent id or "@global") to that key's current incident
+    (open or resolved). State-based, so a second call with the result changes nothing.
+    """
+    at = format_ts(now)
+    incidents = copy.deepcopy(current_incidents)
+    events: list[dict] = []
+    statuses = {a["agent_id"]: a.get("effective_status") for a in monitor_doc.get("agents") or []
+                if isinstance(a, dict) and isinstance(a.get("agent_id"), str)}
+    failing = sorted(agent for agent, status in statuses.items() if status in FAILING)
+    dead = [agent for agent in failing if statuses[agent] == "dead"]
+    global_now = len(statuses) >= GLOBAL_MIN_AGENTS and 2 * len(failing) > len(statuses)
+    notified = set()
+
+    current = incidents.get(GLOBAL)
+    if global_now:
+        level = 2 if dead else 1
+        if not is_open(current):
+            incidents[GLOBAL] = _new_incident(GLOBAL, level, "global", at, agents=failing, total_agents=len(statuses))
+            events.append(_event("opened", GLOBAL, incidents[GLOBAL], at))
+            notified.add(GLOBAL)
+        else:
+            if level > current["level"]:
+                current["level"] = level
+                _touch(current, "raised", at)
+                events.append(_event("raised", GLOBAL, current, at))
+                notified.add(GLOBAL)
+            if current.get("agents") != failing or current.get("total_agents") != len(statuses):
+                current["agents"], current["total_agents"] = failing, len(statuses)
+                current["updated_at"] = at
+    elif is_open(current):
+        _resolve(current, at, "fewer than half of the agents fail")
+        events.append(_event("resolved", GLOBAL, current, at))
+        notified.add(GLOBAL)
+
+    for name in sorted((set(statuses) | set(incidents)) - {GLOBAL}):
+        if not _valid_name(name):
+            continue  # no incident file can be named after it; the global count still saw it
+        status = statuses.get(name)
+        incident = incidents.get(name)
+        if status in FAILING:
+            level = 2 if status == "dead" else 1
+            if global_now:
+                pass  # the global incident stands for every agent failing now (likely one cause)
+            elif not is_open(incident):
+                incidents[name] = _new_incident(name, level, status, at)
+                events.append(_event("opened", name, incidents[name], at))
+                notified.add(name)
+            elif level > incident["level"]:
+                incident["level"], incident["condition"] = level, status
+                _touch(incident, "raised", at)
+                events.append(_event("raised", name, incident, at))
+                notified.add(name)
+            elif incident["condition"] != status:
+                # stale <-> invalid at one level, or dead back to stale: no news, keep the level
+                incident["condition"] = status
+                incident["updated_at"] = at
+        elif is_open(incident):
+            _resolve(incident, at, f"recovered: {status}" if status else "heartbeat file removed")
+            events.append(_event("resolved", name, incident, at))
+            notified.add(name)
+
+    for name in sorted(incidents):
+        incident = incidents[name]
+        if name not in notified and _due(incident, now, config.repeat_after_s):
+            _touch(incident, "renotified", at)
+            events.append(_event("renotified", name, incident, at))
+    return incidents, events
+
+
+def _resolve(incident: dict, at: str, why: str) -> None:
+    incident["status"] = "resolved"
+    incident["resolved_at"] = at
+    incident["resolution"] = why
+    _touch(incident, "resolved", at)
+
+
+def run_notifier(cmd: list[str] | None, incident: dict, event: str, timeout_s: float) -> dict | None:
+    """Run `cmd` (never through a shell) with the incident as JSON on stdin, within `timeout_s`.
+
+    Returns what happened as a record; never raises: a notifier's failure must not stop a pass.
+    """
+    if not cmd:
+        return None
+    record = {"at": format_ts(utcnow()), "event": event, "ok": False, "exit_code": None, "error": None}
+    env = dict(os.environ, SYNAPOLIS_EVENT=event, SYNAPOLIS_INCIDENT_ID=str(incident.get("id")),
+               SYNAPOLIS_INCIDENT_KEY=str(incident.get("key")))
+    try:
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                env=env, start_new_session=True)
+    except (OSError, ValueError) as exc:
+        record["error"] = f"cannot run {cmd[0]!r}: {getattr(exc, 'strerror', None) or exc}"
+        return record
+    payload = json.dumps(incident, ensure_ascii=False).encode("utf-8")
+    try:
+        _out, err = proc.communicate(payload, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        try:
+            proc.communicate(timeout=2)
+        except subprocess.TimeoutExpired:  # a grandchild escaped the group and holds the pipe
+            proc.stderr.close()
+            proc.wait()
+        record["error"] = f"timed out after {timeout_s}s (killed)"
+        return record
+    record["exit_code"] = proc.returncode
+    record["ok"] = proc.returncode == 0
+    if not record["ok"]:
+        tail = (err or b"").decode("utf-8", "replace").strip()[-_STDERR_TAIL:]
+        record["error"] = f"exit {proc.returncode}" + (f": {tail}" if tail else "")
+    return record
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    # the notifier runs in its own session, so its children die with it
+    try:
+        if hasattr(os, "killpg"):
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:  # pragma: no cover
+            proc.kill()
+    except OSError:
+        pass
+
+
+def load_incidents(paths) -> dict:
+    """The current incident of every key: {key name: incident}; broken files are skipped."""
+    found = {}
+    try:
+        names = os.listdir(paths.escalations)
+    except FileNotFoundError:
+        return found
+    for name in sorted(names):
+        if not name.endswith(".json") or is_temp_name(name) or name.startswith("."):
+            continue
+        incident = read_json_or(paths.escalations / name)
+        if isinstance(incident, dict) and isinstance(incident.get("id"), str):
+            found[name[:-5]] = incident
+    return found
+
+
+def _deliver(ws, incident: dict, event: dict, on_alert=None) -> None:
+    """Tell the world about one event: on_alert (opened/raised) and the notifier, recorded in both."""
+    if on_alert is not None and event["event"] in ("opened", "raised"):
+        try:
+            on_alert(copy.deepcopy(incident))
+            event["alert"] = {"ok": True}
+        except Exception as exc:  # noqa: BLE001 - an alert hook must never stop the pass
+            event["alert"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    result = run_notifier(ws.config.notify_cmd, incident, event["event"], ws.config.notify_timeout_s)
+    event["notify"] = result
+    if result is not None:
+        incident["notifications"] = (list(incident.get("notifications") or []) + [result])[-MAX_NOTIFICATIONS:]
+
+
+def _log_record(event: dict, incident: dict) -> dict:
+    record = {k: v for k, v in event.items() if k != "key_name"}
+    record["incident"] = incident
+    return record
+
+
+def read_monitor(paths):
+    """The current monitor document, or None when there is none yet."""
+    try:
+        document = read_json(paths.monitor)
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        raise InternalError(f"{paths.monitor} is not valid JSON: run `synapolis monitor` to rewrite it") from None
+    if not isinstance(document, dict):
+        raise InternalError(f"{paths.monitor} is not a monitor document: run `synapolis monitor` to rewrite it")
+    return document
+
+
+def run_escalation(ws, now: datetime | None = None, on_alert=None) -> dict:
+    """Reconcile incidents with the current monitor, tell the notifier, write files and the log.
+
+    `on_alert(incident)` is called for each opened or raised incident; by default it is the `warn`
+    broadcast into each active session the agent belongs to (contract §6). Its exceptions are
+    recorded in the event, never raised.
+    """
+    now = now or utcnow()
+    if on_alert is None:
+        from .actions import warn_sessions
+
+        def on_alert(incident):
+            warn_sessions(ws, incident, now=now)
+    paths = ws.paths
+    with locked(paths.lock("escalation")):
+        monitor = read_monitor(paths)
+        current = load_incidents(paths)
+        if monitor is None:
+            return {"monitor_generated_at": None, "events": [], "incidents": _open_list(current),
+                    "message": "no monitor document yet: run `synapolis monitor` first"}
+        incidents, events = reconcile(monitor, current, now, ws.config)
+        for event in events:
+            _deliver(ws, incidents[event["key_name"]], event, on_alert)
+        for name, incident in incidents.items():
+            if incident != current.get(name):
+                atomic_write_json(paths.escalation(name), incident)
+        if events:
+            append_jsonl(paths.escalations_log, *(_log_record(e, incidents[e["key_name"]]) for e in events))
+    records = [{k: v for k, v in e.items() if k != "key_name"} for e in events]
+    return {
+        "monitor_generated_at": monitor.get("generated_at"),
+        "events": records,
+        "incidents": _open_list(incidents),
+        "notify_failures": [e for e in records if e.get("notify") and not e["notify"]["ok"]],
+        "alert_failures": [e for e in records if e.get("alert") and not e["alert"]["ok"]],
+    }
+
+
+def _sorted(incidents) -> list:
+    return sorted(incidents, key=lambda i: (str(i.get("opened_at")), str(i.get("id"))))
+
+
+def _open_list(incidents: dict) -> list:
+    return _sorted(i for i in incidents.values() if is_open(i))
+
+
+def list_incidents(ws, include_resolved: bool = False) -> dict:
+    """Open incidents, or with `include_resolved` every incident ever (from the log and the files)."""
+    current = load_incidents(ws.paths)
+    if not include_resolved:
+        return {"incidents": _open_list(current)}
+    latest = {}
+    for record in read_jsonl(ws.paths.escalations_log):
+        incident = record.get("incident")
+        if isinstance(incident, dict) and isinstance(incident.get("id"), str):
+            latest[incident["id"]] = incident
+    for incident in current.values():  # the files are the truth for current incidents
+        latest[incident["id"]] = incident
+    return {"incidents": _sorted(latest.values())}
+
+
+def _find(current: dict, incident_id: str) -> str:
+    exact = [name for name, i in current.items() if i["id"] == incident_id]
+    if exact:
+        return exact[0]
+    if len(incident_id) < MIN_ID_PREFIX:
+        raise NotFoundError(f"no current incident with id {incident_id!r} "
+                            f"(give the full id or at least {MIN_ID_PREFIX} characters of it)")
+    matches = [name for name, i in current.items() if i["id"].startswith(incident_id)]
+    if not matches:
+        raise NotFoundError(f"no current incident with id {incident_id!r}: `synapolis escalations --all` lists them")
+    if len(matches) > 1:
+        raise UsageError(f"id prefix {incident_id!r} matches {len(matches)} incidents; give more of it")
+    return matches[0]
+
+
+def ack(ws, incident_id: str, now: datetime | None = None) -> dict:
+    """Acknowledge a current incident so it is not re-notified; acking twice changes nothing."""
+    now = now or utcnow()
+    at = format_ts(now)
+    paths = ws.paths
+    with locked(paths.lock("escalation")):
+        current = load_incidents(paths)
+        name = _find(current, incident_id)
+        incident = current[name]
+        if incident.get("acked_at"):
+            return {"incident": incident, "acked": False}
+        incident["acked_at"] = at
+        _touch(incident, "acked", at, notify=False)
+        event = _event("acked", name, incident, at)
+        _deliver(ws, incident, event)
+        atomic_write_json(paths.escalation(name), incident)
+        append_jsonl(paths.escalations_log, _log_record(event, incident))
+    return {"incident": incident, "acked": True}

@@ -1,0 +1,185 @@
+"""Who the caller is (contract §3): options, then environment, then identity.json; and identity.json itself."""
+
+from __future__ import annotations
+
+import os
+
+from .atomic import atomic_write_json, read_json
+from .errors import AmbiguousIdentityError, NoIdentityError, UsageError
+from .names import validate_agent_id, validate_session_id
+from .timeutil import utcnow
+
+ENV_AGENT = "SYNAPOLIS_AGENT_ID"
+ENV_SESSION = "SYNAPOLIS_SESSION_ID"
+ENV_TOKEN = "SYNAPOLIS_RUN_TOKEN"
+
+
+class _Record:
+    """A tiny record type (a dataclass costs ~0.5 ms of start-up each, on every CLI call)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={getattr(self, k)!r}' for k in self.__slots__)})"
+
+    def __eq__(self, other) -> bool:
+        return type(other) is type(self) and all(getattr(self, k) == getattr(other, k) for k in self.__slots__)
+
+
+class Who(_Record):
+    """What the caller named explicitly (CLI options, MCP arguments)."""
+
+    __slots__ = ("agent_id", "session_id", "run_token")
+
+    def __init__(self, agent_id: str | None = None, session_id: str | None = None, run_token: str | None = None):
+        self.agent_id, self.session_id, self.run_token = agent_id, session_id, run_token
+
+
+class Caller(_Record):
+    """The resolved identity; `session_id` is None only when the agent is in no session (a bare beat)."""
+
+    __slots__ = ("agent_id", "session_id", "run_token", "source")
+
+    def __init__(self, agent_id: str, session_id: str | None, run_token: str | None, source: str):
+        # source: "options" | "env" | "identity.json"
+        self.agent_id, self.session_id, self.run_token, self.source = agent_id, session_id, run_token, source
+
+
+def read_identity_file(ws) -> dict | None:
+    """identity.json when it names a well-formed agent, else None."""
+    try:
+        document = read_json(ws.paths.identity)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(document, dict) or not isinstance(document.get("agent_id"), str):
+        return None
+    return document
+
+
+def write_identity_file(ws, agent_id: str, session_id: str, run_token: str, **extra) -> dict:
+    """Write identity.json (mode 0600: it holds the run token)."""
+    document = {"agent_id": agent_id, "session_id": session_id, "run_token": run_token,
+                **{k: v for k, v in extra.items() if v is not None},
+                "written_at": utcnow().strftime("%Y-%m-%dT%H:%M:%SZ")}
+    atomic_write_json(ws.paths.identity, document, mode=0o600)
+    return document
+
+
+def _blank_to_none(value):
+    # an unset environment variable and an empty one mean the same; an empty option does not
+    return value if value else None
+
+
+def _session_of(ws, agent_id: str, fallback: str | None) -> str | None:
+    """The session an agent named without one acts in (docs/API.md)."""
+    from . import sessions
+    from .heartbeat import read_heartbeat
+
+    active = sessions.active_sessions(ws)
+    if not active:
+        return fallback if fallback else None
+    # fast path: the session its own heartbeat names, when it is active and holds the agent
+    doc = read_heartbeat(ws.paths.heartbeat(agent_id)).doc or {}
+    hinted = doc.get("session_id")
+    if hinted in active and _registered(ws, hinted, agent_id):
+        return hinted
+    mine = sessions.sessions_of_agent(ws, agent_id)
+    if mine:
+        return mine[0]
+    if fallback:
+        return fallback
+    return active[0] if len(active) == 1 else None
+
+
+def _registered(ws, session_id: str, agent_id: str) -> bool:
+    from .sessions import agent_row, each_store
+
+    return any(agent_row(conn, agent_id) is not None for _sid, conn in each_store(ws, [session_id]))
+
+
+def _live_count(ws, session_id: str, now) -> int:
+    from .sessions import count_live_agents, each_store
+
+    return sum(count_live_agents(conn, now, ws.config) for _sid, conn in each_store(ws, [session_id]))
+
+
+def resolve(ws, who: Who | None = None, env=None, required: bool = True, need_session: bool = True,
+            now=None) -> Caller | None:
+    """The caller's identity, first match wins: `who`, the environment, identity.json (contract §3).
+
+    `required=False` (read-only verbs) answers None instead of raising when there is no identity or
+    it is ambiguous. `need_session=False` lets an agent in no session through (a bare `beat`).
+    Names are validated (UsageError, exit 2) before anything is written.
+    """
+    who = who or Who()
+    env = os.environ if env is None else env
+    for value, what in ((who.agent_id, "agent id"), (who.session_id, "session id")):
+        if value is not None:
+            (validate_agent_id if what == "agent id" else validate_session_id)(value, what)
+    env_agent = _blank_to_none(env.get(ENV_AGENT))
+    env_session = _blank_to_none(env.get(ENV_SESSION))
+    env_token = _blank_to_none(env.get(ENV_TOKEN))
+    if env_agent is not None:
+        validate_agent_id(env_agent, ENV_AGENT)
+    if env_session is not None:
+        validate_session_id(env_session, ENV_SESSION)
+
+    ident = None
+    if who.agent_id is not None:
+        agent, source = who.agent_id, "options"
+    elif env_agent is not None:
+        agent, source = env_agent, "env"
+    else:
+        ident = read_identity_file(ws)
+        agent, source = (ident["agent_id"], "identity.json") if ident else (None, None)
+    if agent is None:
+        if not required:
+            return None
+        raise NoIdentityError("no identity: pass --agent-id and --session-id, set SYNAPOLIS_AGENT_ID, "
+                              "or run `synapolis start`")
+    if source == "identity.json":
+        try:
+            validate_agent_id(agent, "identity.json agent_id")
+        except UsageError:
+            if not required:
+                return None
+            raise
+
+    if ident is None:
+        ident = read_identity_file(ws)
+    ident_matches = ident is not None and ident.get("agent_id") == agent
+    ident_session = ident.get("session_id") if ident_matches and isinstance(ident.get("session_id"), str) else None
+
+    session = who.session_id or env_session
+    if session is None:
+        if source == "identity.json":
+            session = ident_session
+        else:
+            session = _session_of(ws, agent, ident_session)
+    if session is not None:
+        validate_session_id(session)
+
+    # a token belongs to one agent in one session: take it only from a source naming both the same way
+    token = who.run_token
+    if token is None and env_token is not None and env_agent in (None, agent) and env_session in (None, session):
+        token = env_token
+    if token is None and ident_matches and isinstance(ident.get("run_token"), str) \
+            and ident.get("session_id") in (None, session):
+        token = ident["run_token"]
+
+    if source == "identity.json" and session is not None:
+        # identity.json names one agent for the whole state directory; with several agents live in
+        # that session it is probably not this caller's, so refuse rather than guess (§3).
+        live = _live_count(ws, session, now or utcnow())
+        if live > 1:
+            if not required:
+                return None
+            raise AmbiguousIdentityError(
+                f"{live} agents are active in session {session} and nothing names this caller: pass "
+                "--agent-id (or set SYNAPOLIS_AGENT_ID) instead of relying on identity.json")
+    if session is None and need_session:
+        if not required:
+            return None
+        raise NoIdentityError(f"agent {agent} is in no active session: pass --session-id or run "
+                              "`synapolis start`")
+    return Caller(agent, session, token, source)

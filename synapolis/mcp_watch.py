@@ -1,0 +1,325 @@
+"""Push for MCP subscriptions: the resource URIs, who watches which, and the watchdog watcher that says what is new.
+
+Nothing here imports the MCP SDK: the watcher reports URIs to a callback, and the server turns them into
+`notifications/resources/updated` (contract §10). A signal stored by any process lands in a session's
+SQLite WAL, so watching `state/sessions/` tells us which sessions to look at; for each subscribed inbox we
+then compare `signals.latest_visible_sequence` with what we last notified, so an event that changed
+nothing for an inbox (another agent's traffic, a checkpoint) notifies nobody.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .errors import NotFoundError, UsageError
+from .names import validate_agent_id, validate_session_id
+
+log = logging.getLogger(__name__)
+
+SCHEME = "synapolis://session/"
+INBOX_TEMPLATE = SCHEME + "{session_id}/inbox/{agent_id}"
+NOTES_TEMPLATE = SCHEME + "{session_id}/notes"
+
+# Files whose change can mean "something new": the database and its WAL, the notes bus.
+_INTERESTING = ("session.db", "session.db-wal", "notes.jsonl")
+
+
+def inbox_uri(session_id: str, agent_id: str) -> str:
+    return INBOX_TEMPLATE.format(session_id=session_id, agent_id=agent_id)
+
+
+def notes_uri(session_id: str) -> str:
+    return NOTES_TEMPLATE.format(session_id=session_id)
+
+
+def parse_uri(uri: str) -> tuple[str, str, str | None]:
+    """`("inbox", session_id, agent_id)` or `("notes", session_id, None)`; UsageError for anything else."""
+    if not isinstance(uri, str) or not uri.startswith(SCHEME):
+        raise UsageError(f"not a synapolis resource: {uri!r} (expected {INBOX_TEMPLATE} or {NOTES_TEMPLATE})")
+    parts = uri[len(SCHEME):].split("/")
+    if len(parts) == 3 and parts[1] == "inbox":
+        return "inbox", validate_session_id(parts[0]), validate_agent_id(parts[2])
+    if len(parts) == 2 and parts[1] == "notes":
+        return "notes", validate_session_id(parts[0]), None
+    raise UsageError(f"not a synapolis resource: {uri!r} (expected {INBOX_TEMPLATE} or {NOTES_TEMPLATE})")
+
+
+@dataclass
+class Watched:
+    """One subscribed URI: what it names, the last value we notified, and who holds it."""
+
+    kind: str
+    session_id: str
+    agent_id: str | None
+    last: int
+    holders: set = field(default_factory=set)
+
+
+class Subscriptions:
+    """The subscribed URIs and their holders (a connection, a listen stream); safe to use from any thread."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._watched: dict[str, Watched] = {}
+
+    def add(self, uri: str, holder, baseline: int) -> bool:
+        """Register `holder` for `uri` (parsed first: UsageError when it is no synapolis URI); True when new."""
+        kind, session_id, agent_id = parse_uri(uri)
+        with self._lock:
+            entry = self._watched.get(uri)
+            if entry is None:
+                entry = self._watched[uri] = Watched(kind, session_id, agent_id, baseline)
+            fresh = holder not in entry.holders
+            entry.holders.add(holder)
+            return fresh
+
+    def remove(self, uri: str, holder) -> None:
+        with self._lock:
+            entry = self._watched.get(uri)
+            if entry is None:
+                return
+            entry.holders.discard(holder)
+            if not entry.holders:
+                del self._watched[uri]
+
+    def drop_holder(self, holder) -> None:
+        """A client that went away: its subscriptions go with it."""
+        with self._lock:
+            for uri in [u for u, w in self._watched.items() if holder in w.holders]:
+                self._watched[uri].holders.discard(holder)
+                if not self._watched[uri].holders:
+                    del self._watched[uri]
+
+    def holders(self, uri: str) -> set:
+        with self._lock:
+            entry = self._watched.get(uri)
+            return set(entry.holders) if entry else set()
+
+    def snapshot(self, session_ids=None) -> dict[str, Watched]:
+        with self._lock:
+            return {uri: Watched(w.kind, w.session_id, w.agent_id, w.last)
+                    for uri, w in self._watched.items() if session_ids is None or w.session_id in session_ids}
+
+    def advance(self, uri: str, value: int) -> bool:
+        """Record `value` as notified; True when it is newer than what was notified before."""
+        with self._lock:
+            entry = self._watched.get(uri)
+            if entry is None or value <= entry.last:
+                return False
+            entry.last = value
+            return True
+
+    def __len__(self):
+        with self._lock:
+            return len(self._watched)
+
+
+def notes_size(ws, session_id: str) -> int:
+    """The notes bus grows by appends only, so its size says whether there is a new note."""
+    try:
+        return os.stat(ws.paths.session_notes(session_id)).st_size
+    except OSError:
+        return 0
+
+
+def inbox_sequence(ws, session_id: str, agent_id: str, store=None) -> int:
+    """The newest sequence `agent_id` can see in the session (0 when the session does not exist yet)."""
+    from . import signals
+    from .store import SessionStore
+
+    own = store is None
+    try:
+        if own:
+            store = SessionStore.open(ws, session_id)
+        with store.read() as conn:
+            return int(signals.latest_visible_sequence(conn, agent_id) or 0)
+    except NotFoundError:
+        return 0
+    finally:
+        if own and store is not None:
+            store.close()
+
+
+def current_value(ws, uri: str) -> int:
+    """The value of a subscribed URI right now: its baseline when a client subscribes."""
+    kind, session_id, agent_id = parse_uri(uri)
+    if kind == "notes":
+        return notes_size(ws, session_id)
+    return inbox_sequence(ws, session_id, agent_id)
+
+
+def start_observer(handler, folder, *, recursive: bool = False, force_polling: bool = False,
+                   poll_interval_s: float = 0.25):
+    """A started watchdog observer of `folder`: native (inotify) where the system allows, else polling."""
+    from watchdog.observers.polling import PollingObserver
+
+    if not force_polling:
+        from watchdog.observers import Observer
+
+        observer = Observer()
+        try:
+            observer.schedule(handler, str(folder), recursive=recursive)
+            observer.start()
+            return observer
+        except OSError as exc:  # inotify limits reached, or no inotify on this filesystem
+            log.warning("synapolis: native file watching unavailable (%s); polling %s instead", exc, folder)
+    observer = PollingObserver(timeout=poll_interval_s)
+    observer.schedule(handler, str(folder), recursive=recursive)
+    observer.start()
+    return observer
+
+
+class SessionWatcher:
+    """Watches `state/sessions/` with watchdog and calls `notify(uris)` for subscribed URIs that have news.
+
+    A watchdog thread marks sessions dirty; one checker thread waits for a quiet `debounce_s` (at most
+    `max_delay_s` after the first event), then looks at the dirty sessions' subscribed URIs. The checker
+    keeps one SQLite connection per session open for its life: a reader that opened and closed its own
+    connection would, as the last one out, checkpoint and delete the WAL, an event that wakes it again.
+    """
+
+    def __init__(self, ws, subscriptions: Subscriptions, notify: Callable[[list[str]], None], *,
+                 debounce_s: float = 0.01, max_delay_s: float = 0.05, force_polling: bool = False,
+                 poll_interval_s: float = 0.25):
+        self.ws = ws
+        self.subscriptions = subscriptions
+        self.notify = notify
+        self.debounce_s = debounce_s
+        self.max_delay_s = max_delay_s
+        self.force_polling = force_polling
+        self.poll_interval_s = poll_interval_s
+        self.observer_kind = None
+        self._cond = threading.Condition()
+        self._dirty: set[str] = set()
+        self._last_event = 0.0
+        self._stopping = False
+        self._observer = None
+        self._thread = None
+        self._stores: dict = {}
+
+    # -- the watchdog side -------------------------------------------------------------------------
+    def mark_dirty(self, session_id: str) -> None:
+        with self._cond:
+            self._dirty.add(session_id)
+            self._last_event = time.monotonic()
+            self._cond.notify()
+
+    def _on_path(self, path: str) -> None:
+        try:
+            rel = Path(path).relative_to(self.ws.paths.sessions)
+        except ValueError:
+            return
+        parts = rel.parts
+        if len(parts) == 2 and parts[1] in _INTERESTING:
+            self.mark_dirty(parts[0])
+
+    def _handler(self):
+        from watchdog.events import FileSystemEventHandler
+
+        watcher = self
+
+        class Handler(FileSystemEventHandler):
+            def on_any_event(self, event):
+                if event.event_type in ("opened", "closed_no_write"):
+                    return  # reads, including our own, change nothing
+                watcher._on_path(os.fsdecode(event.src_path))
+                if getattr(event, "dest_path", ""):
+                    watcher._on_path(os.fsdecode(event.dest_path))
+
+        return Handler()
+
+    def _start_observer(self) -> None:
+        folder = self.ws.paths.sessions
+        folder.mkdir(parents=True, exist_ok=True)
+        self._observer = start_observer(self._handler(), folder, recursive=True, force_polling=self.force_polling,
+                                        poll_interval_s=self.poll_interval_s)
+        self.observer_kind = type(self._observer).__name__
+
+    # -- the checker side --------------------------------------------------------------------------
+    def _store(self, session_id: str):
+        from .store import SessionStore
+
+        store = self._stores.get(session_id)
+        if store is None:
+            store = self._stores[session_id] = SessionStore.open(self.ws, session_id)
+        return store
+
+    def check(self, session_ids=None) -> list[str]:
+        """The subscribed URIs (of `session_ids`, default all) whose value grew since the last notice."""
+        changed = []
+        for uri, watched in self.subscriptions.snapshot(session_ids).items():
+            try:
+                if watched.kind == "notes":
+                    value = notes_size(self.ws, watched.session_id)
+                else:
+                    try:
+                        store = self._store(watched.session_id)
+                    except NotFoundError:
+                        continue  # not created yet; its creation is an event too
+                    value = inbox_sequence(self.ws, watched.session_id, watched.agent_id, store)
+            except Exception as exc:  # noqa: BLE001 - a locked or broken store must not stop the watcher
+                log.warning("synapolis mcp: cannot check %s: %s", uri, exc)
+                continue
+            if self.subscriptions.advance(uri, value):
+                changed.append(uri)
+        return changed
+
+    def _wait_for_dirty(self) -> set[str] | None:
+        with self._cond:
+            while not self._dirty and not self._stopping:
+                self._cond.wait()
+            if self._stopping:
+                return None
+            first = time.monotonic()
+            # trailing-edge debounce: one SQLite commit is several writes; look once they are done
+            while not self._stopping:
+                now = time.monotonic()
+                quiet_at = self._last_event + self.debounce_s
+                deadline = first + self.max_delay_s
+                if now >= quiet_at or now >= deadline:
+                    break
+                self._cond.wait(min(quiet_at, deadline) - now)
+            dirty, self._dirty = self._dirty, set()
+            return dirty
+
+    def _run(self) -> None:
+        try:
+            while True:
+                dirty = self._wait_for_dirty()
+                if dirty is None:
+                    return
+                changed = self.check(dirty)
+                if changed:
+                    try:
+                        self.notify(changed)
+                    except Exception as exc:  # noqa: BLE001 - the server may be shutting down
+                        log.debug("synapolis mcp: notify failed: %s", exc)
+        finally:
+            for store in self._stores.values():
+                try:
+                    store.close()
+                except Exception:  # noqa: BLE001
+                    pass
+            self._stores.clear()
+
+    def start(self) -> "SessionWatcher":
+        self._start_observer()
+        self._thread = threading.Thread(target=self._run, name="synapolis-mcp-watch", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 2.0) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._observer is not None:
+            self._observer.stop()
+            self._observer.join(timeout)
+        if self._thread is not None:
+            self._thread.join(timeout)

@@ -1,0 +1,473 @@
+"""The consensus sleep protocol (contract §8): memories in, staging, the last agent's merge and the ledger."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import unicodedata
+from datetime import datetime
+
+from .atomic import append_jsonl, locked, read_jsonl
+from .errors import UsageError
+from .names import validate_agent_id
+from .timeutil import format_ts, parse_ts, utcnow
+
+LEDGER_SCHEMA_VERSION = 1
+MAX_INPUT_BYTES = 4 * 1024 * 1024   # a whole --memories document
+MAX_MEMORIES = 1000                 # per call
+MAX_TEXT_BYTES = 65536              # one memory's text (UTF-8)
+MAX_KEY_CHARS = 200
+MAX_TAGS = 32
+MAX_TAG_CHARS = 100
+ALLOWED_FIELDS = frozenset({"text", "key", "tags"})
+
+
+# --- memories in ---------------------------------------------------------------------------------
+
+def _refuse(where: str, why: str):
+    raise UsageError(f"memories: {where}: {why} (expected a JSON array of strings or objects with "
+                     f"'text' and optional 'key', 'tags'; or one such value per line)")
+
+
+def _encodable(text: str) -> bool:
+    # lone surrogates parse as JSON but cannot be written as UTF-8 later: refuse them up front
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_memory(item, where: str = "memory") -> dict:
+    """One memory as the caller gave it (a string or an object) -> {text, key?, tags}; UsageError otherwise."""
+    if isinstance(item, str):
+        item = {"text": item}
+    if not isinstance(item, dict):
+        _refuse(where, f"a memory must be a string or an object, not {type(item).__name__}")
+    unknown = sorted(set(item) - ALLOWED_FIELDS)
+    if unknown:
+        _refuse(where, f"unknown field(s) {', '.join(map(repr, unknown))}")
+    text = item.get("text")
+    if not isinstance(text, str) or not text.strip():
+        _refuse(where, "'text' must be a non-empty string")
+    text = text.strip()
+    if not _encodable(text):
+        _refuse(where, "'text' is not valid Unicode (lone surrogate)")
+    if len(text.encode("utf-8")) > MAX_TEXT_BYTES:
+        _refuse(where, f"'text' is longer than {MAX_TEXT_BYTES} bytes")
+    memory = {"text": text}
+    key = item.get("key")
+    if key is not None:
+        if not isinstance(key, str) or not key.strip():
+            _refuse(where, "'key' must be a non-empty string")
+        key = key.strip()
+        if len(key) > MAX_KEY_CHARS or not _encodable(key):
+            _refuse(where, f"'key' must be valid Unicode of at most {MAX_KEY_CHARS} characters")
+        memory["key"] = key
+    tags = item.get("tags")
+    if tags is None:
+        tags = []
+    if not isinstance(tags, list) or not all(isinstance(t, str) and t.strip() for t in tags):
+        _refuse(where, "'tags' must be a list of non-empty strings")
+    tags = sorted({t.strip() for t in tags})
+    if len(tags) > MAX_TAGS or any(len(t) > MAX_TAG_CHARS or not _encodable(t) for t in tags):
+        _refuse(where, f"at most {MAX_TAGS} tags of at most {MAX_TAG_CHARS} characters each")
+    memory["tags"] = tags
+    return memory
+
+
+def check_memories(items) -> list[dict]:
+    """A list of memories (strings or objects, e.g. from the MCP tool) -> checked memories."""
+    if not isinstance(items, list):
+        _refuse("input", f"expected a list, not {type(items).__name__}")
+    if len(items) > MAX_MEMORIES:
+        _refuse("input", f"more than {MAX_MEMORIES} memories in one call")
+    return [check_memory(item, f"item {i + 1}") for i, item in enumerate(items)]
+
+
+def parse_memories(text) -> list[dict]:
+    """A JSON array of strings/objects, or JSON lines of the same -> checked memories.
+
+    Anything else raises UsageError (exit 2), so a caller can parse before it writes anything.
+    Empty input (no lines at all) is zero memories.
+    """
+    if isinstance(text, (bytes, bytearray)):
+        if len(text) > MAX_INPUT_BYTES:
+            _refuse("input", f"larger than {MAX_INPUT_BYTES} bytes")
+        try:
+            text = bytes(text).decode("utf-8-sig")
+        except UnicodeDecodeError:
+            _refuse("input", "not UTF-8")
+    if not isinstance(text, str):
+        _refuse("input", f"expected text, not {type(text).__name__}")
+    if len(text) > MAX_INPUT_BYTES:
+        _refuse("input", f"larger than {MAX_INPUT_BYTES} bytes")
+    text = text.lstrip("\ufeff")
+    if not text.strip():
+        return []
+    try:
+        whole = json.loads(text)
+    except json.JSONDecodeError:
+        whole = _NOT_JSON
+    except RecursionError:
+        _refuse("input", "nested too deeply")
+    if whole is not _NOT_JSON:
+        if isinstance(whole, list):
+            return check_memories(whole)
+        if isinstance(whole, (str, dict)):  # a single JSON line
+            return [check_memory(whole, "line 1")]
+        _refuse("input", f"a JSON {type(whole).__name__} is not a memory")
+    items = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            _refuse(f"line {number}", f"not JSON ({getattr(exc, 'msg', 'nested too deeply')})")
+        if not isinstance(value, (str, dict)):
+            _refuse(f"line {number}", f"a JSON {type(value).__name__} is not a memory")
+        items.append(value)
+        if len(items) > MAX_MEMORIES:
+            _refuse("input", f"more than {MAX_MEMORIES} memories in one call")
+    return [check_memory(item, f"line {i + 1}") for i, item in enumerate(items)]
+
+
+_NOT_JSON = object()
+
+
+# --- the merge (pure) ----------------------------------------------------------------------------
+
+def normalise(text: str) -> str:
+    """The form duplicates are found by: NFC, case-folded, white-space runs made one space, trimmed."""
+    return " ".join(unicodedata.normalize("NFC", text).casefold().split())
+
+
+def memory_id(norm: str, key: str | None) -> str:
+    identity = f"key\0{key}\0{norm}" if key is not None else f"text\0{norm}"
+    return hashlib.sha256(identity.encode("utf-8")).hexdigest()
+
+
+def _moment(entry) -> datetime:
+    value = entry.get("created_at")
+    if isinstance(value, datetime):
+        return value
+    try:
+        return parse_ts(value)
+    except (TypeError, ValueError):
+        return datetime.min.replace(tzinfo=utcnow().tzinfo)
+
+
+def merge_memories(entries, now: datetime) -> list[dict]:
+    """Merge staged memories into ledger lines; pure.
+
+    `entries`: dicts with `text`, optional `key` and `tags`, `agent_id` (the source) and
+    `created_at`. Memories without a key that are equal after `normalise` become one line; all
+    memories of one key become one line holding the newest value (ties: the later entry), with the
+    older distinct values kept under `superseded`. Each line has the sorted union of the `sources`
+    and `tags` of what went into it. Lines come out in the order their first memory was made.
+    Session fields (`session_id`, `merged_by`) are added by the caller.
+    """
+    ordered = sorted(enumerate(entries), key=lambda pair: (_moment(pair[1]), pair[0]))
+    groups: dict[tuple, list[dict]] = {}
+    for _, entry in ordered:
+        norm = normalise(entry["text"])
+        key = entry.get("key")
+        group_key = ("key", key) if key is not None else ("text", norm)
+        groups.setdefault(group_key, []).append({**entry, "norm": norm})
+    merged_at = format_ts(now, micro=True)
+    lines = []
+    for members in groups.values():
+        newest = members[-1]
+        line = {
+            "schema_version": LEDGER_SCHEMA_VERSION,
+            "id": memory_id(newest["norm"], newest.get("key")),
+            "text": newest["text"],
+            "norm": newest["norm"],
+        }
+        if newest.get("key") is not None:
+            line["key"] = newest["key"]
+        line["tags"] = sorted({t for m in members for t in (m.get("tags") or [])})
+        line["sources"] = sorted({m["agent_id"] for m in members})
+        line["created_at"] = format_ts(_moment(newest), micro=True)
+        line["merged_at"] = merged_at
+        older = _superseded(members)
+        if older:
+            line["superseded"] = older
+        lines.append(line)
+    return lines
+
+
+def _superseded(members: list[dict]) -> list[dict]:
+    """The older distinct values of one key (oldest first), each with who said it and when last."""
+    winner = members[-1]["norm"]
+    values: dict[str, dict] = {}
+    for m in members:  # oldest first, so the last write of a slot is its newest use
+        if m["norm"] != winner:
+            slot = values.setdefault(m["norm"], {"sources": set()})
+            slot["sources"].add(m["agent_id"])
+            slot["last"] = m
+    return [{"text": v["last"]["text"], "sources": sorted(v["sources"]),
+             "created_at": format_ts(_moment(v["last"]), micro=True)} for v in values.values()]
+
+
+# --- the ledger ----------------------------------------------------------------------------------
+
+class LedgerHoldings:
+    """What a ledger holds, for skipping: the norms of its keyless lines and each key's current line."""
+
+    def __init__(self, lines=()):
+        self.norms: set[str] = set()
+        self.current: dict[str, dict] = {}
+        for line in lines:
+            self.add(line)
+
+    def add(self, line: dict) -> None:
+        norm = line.get("norm")
+        if not isinstance(norm, str):
+            text = line.get("text")
+            norm = normalise(text) if isinstance(text, str) else None
+        if norm is None:
+            return
+        key = line.get("key")
+        if isinstance(key, str):
+            self.current[key] = {**line, "norm": norm}  # later lines win: the last one is the value
+        else:
+            self.norms.add(norm)
+
+    def holds(self, line: dict) -> bool:
+        """A keyless memory is held when a keyless line has its norm; a keyed one when the key's
+        current line has the same norm or was made later (newest wins across sessions too)."""
+        key = line.get("key")
+        if key is None:
+            return line["norm"] in self.norms
+        now_held = self.current.get(key)
+        return now_held is not None and (now_held["norm"] == line["norm"] or _moment(now_held) > _moment(line))
+
+    def split(self, merged: list[dict]) -> tuple[list[dict], list[dict]]:
+        """(to append, already held); what is to be appended counts as held from then on."""
+        fresh, held = [], []
+        for line in merged:
+            if self.holds(line):
+                held.append(line)
+            else:
+                fresh.append(line)
+                self.add(line)
+        return fresh, held
+
+
+def new_ledger_lines(merged: list[dict], lines) -> tuple[list[dict], list[dict]]:
+    """Split `merged` into (to append, already held) against the existing ledger `lines`; pure."""
+    return LedgerHoldings(lines).split(merged)
+
+
+class LedgerReader:
+    """The holdings of `memory/ledger.jsonl`, read incrementally.
+
+    `catch_up()` parses only the complete lines appended since the last call, so the expensive full
+    read can happen before the consensus transaction and only the tail inside it: the write lock is
+    never held for a time that grows with the ledger. A replaced or truncated file is read afresh.
+    """
+
+    def __init__(self, path):
+        self.path = path
+        self.holdings = LedgerHoldings()
+        self.offset = 0
+        self.file_id = None
+
+    def catch_up(self) -> LedgerHoldings:
+        try:
+            handle = open(self.path, "rb")
+        except FileNotFoundError:
+            self.__init__(self.path)
+            return self.holdings
+        with handle:
+            stat = os.fstat(handle.fileno())
+            if (stat.st_dev, stat.st_ino) != self.file_id or stat.st_size < self.offset:
+                self.__init__(self.path)
+                self.file_id = (stat.st_dev, stat.st_ino)
+            handle.seek(self.offset)
+            chunk = handle.read()
+        end = chunk.rfind(b"\n") + 1  # a torn last line (a writer killed mid-line) waits for its newline
+        for raw in chunk[:end].split(b"\n"):
+            try:
+                line = json.loads(raw) if raw.strip() else None
+            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+                continue
+            if isinstance(line, dict):
+                self.holdings.add(line)
+        self.offset += end
+        return self.holdings
+
+
+def append_to_ledger(paths, merged: list[dict], *, session_id: str, merged_by: str,
+                     reader: LedgerReader | None = None) -> tuple[list[dict], list[dict]]:
+    """Append what the ledger does not hold yet; returns (written, skipped).
+
+    Catching up and appending happen under one lock, so two sessions consolidating at once cannot
+    both write one memory. Skipping what is held is what makes a retry after a crash safe: a
+    consolidation that appended and then died before its database commit runs again, finds its
+    lines held and appends nothing. `reader` may come pre-read (see LedgerReader).
+    """
+    validate_agent_id(merged_by)
+    stamped = [{**line, "session_id": session_id, "merged_by": merged_by} for line in merged]
+    reader = reader or LedgerReader(paths.memory_ledger)
+    with locked(paths.lock("memory-ledger")):
+        fresh, held = reader.catch_up().split(stamped)
+        if fresh:
+            append_jsonl(paths.memory_ledger, *fresh)
+    return fresh, held
+
+
+def read_ledger(paths) -> list[dict]:
+    """Every complete line of the ledger (a torn last line from a crash is skipped)."""
+    return read_jsonl(paths.memory_ledger)
+
+
+# --- the protocol --------------------------------------------------------------------------------
+
+def coerce_memories(memories) -> list[dict]:
+    """What `tired` accepts: None, the CLI's text (JSON array or JSON lines), or a list of strings/objects."""
+    if memories is None:
+        return []
+    if isinstance(memories, (str, bytes, bytearray)):
+        return parse_memories(memories)
+    return check_memories(memories)
+
+
+def staged_id(agent_id: str, memory: dict) -> str:
+    """Staging the same memory twice (a retried `tired`) is one row: its id is its content's hash."""
+    identity = json.dumps([agent_id, memory.get("key"), memory["text"], memory.get("tags", [])], ensure_ascii=False)
+    return hashlib.sha256(identity.encode("utf-8")).hexdigest()
+
+
+def stage(conn, agent_id: str, memories: list[dict], now: datetime) -> int:
+    """Inside a write transaction: put `memories` into staged_memories; returns how many rows are new."""
+    from .sessions import ts
+
+    stamp = ts(now)
+    added = 0
+    for memory in memories:
+        data = json.dumps(memory, ensure_ascii=False, separators=(",", ":"))
+        cursor = conn.execute("INSERT OR IGNORE INTO staged_memories (id, agent_id, memory_data, created_at) "
+                              "VALUES (?, ?, ?, ?)", (staged_id(agent_id, memory), agent_id, data, stamp))
+        added += cursor.rowcount
+    return added
+
+
+def staged_entries(conn) -> tuple[list[dict], list[str]]:
+    """Every staged memory as a merge entry (oldest first), and the ids of rows too broken to merge.
+
+    A broken row is left where it is rather than cleared, so nothing staged is ever silently lost.
+    """
+    entries, broken = [], []
+    for row in conn.execute("SELECT rowid, id, agent_id, memory_data, created_at FROM staged_memories "
+                            "ORDER BY created_at, rowid"):
+        try:
+            memory = check_memory(json.loads(row["memory_data"]))
+            validate_agent_id(row["agent_id"])
+            parse_ts(str(row["created_at"]))
+        except (ValueError, TypeError, UsageError):
+            broken.append(row["id"])
+            continue
+        entries.append({**memory, "agent_id": row["agent_id"], "created_at": str(row["created_at"]),
+                        "staged_id": row["id"]})
+    return entries, broken
+
+
+def _session_status(ws, session_id: str) -> str | None:
+    from .errors import NotFoundError
+    from .sessions import read_session
+
+    try:
+        return read_session(ws, session_id).get("status")
+    except NotFoundError:  # session.json lost (a crash at creation): the database still decides
+        return None
+
+
+def consolidate(conn, ws, *, session_id: str, agent_id: str, now: datetime, announce: bool,
+                reader: LedgerReader | None = None) -> dict:
+    """Inside the consensus transaction of the last agent: merge everything staged into the ledger.
+
+    The ledger is appended before the transaction commits. A crash in between rolls the database
+    back (memories still staged, session not ended) while the ledger keeps its new lines; the next
+    `tired` merges the same memories again and `append_to_ledger` skips every line the ledger holds,
+    so nothing is doubled and nothing is lost.
+    """
+    from . import signals as sig
+
+    entries, broken = staged_entries(conn)
+    merged = merge_memories(entries, now)
+    written, held = append_to_ledger(ws.paths, merged, session_id=session_id, merged_by=agent_id, reader=reader)
+    ids = [e["staged_id"] for e in entries]
+    conn.executemany("DELETE FROM staged_memories WHERE id = ?", [(i,) for i in ids])
+    event = None
+    if announce:
+        sources = sorted({e["agent_id"] for e in entries})
+        content = (f"session {session_id} is going to sleep: {agent_id} was the last active agent and merged "
+                   f"{len(entries)} staged memory(ies) from {len(sources)} agent(s) into memory/ledger.jsonl "
+                   f"({len(written)} new line(s)).")
+        # honest delivery: send() stores the broadcast and marks nothing delivered; not rate limited,
+        # because the protocol's own announcement must never be refused
+        event, _audience = sig.send(conn, caller=agent_id, recipient=sig.BROADCAST, content=content, now=now,
+                                    config=ws.config, type_="sleep_event", rate_limited=False)
+    return {"consolidated": len(entries), "memories": len(merged), "merged": len(written),
+            "already_held": len(held), "unreadable": len(broken), "ledger_lines": written,
+            "sleep_event": event["id"] if event else None}
+
+
+def _probably_last(store, agent_id: str, now: datetime, config) -> bool:
+    """A lock-free guess whether the caller will consolidate; the transaction decides for real."""
+    from .sessions import count_live_agents
+
+    with store.read() as conn:
+        return count_live_agents(conn, now, config, exclude=agent_id) == 0
+
+
+def tired(ws, who=None, *, memories=None, env=None, piggyback: bool = True, now: datetime | None = None) -> dict:
+    """The consensus sleep protocol for the caller (contract §8); returns the `tired` answer.
+
+    Memories are checked before anything is written. Then, in one BEGIN IMMEDIATE transaction: the
+    caller's registry row goes idle (fresh), its memories are staged, agents not heard from in
+    stale_after_s are flagged `stale`, and the other agents that are `active` and fresh are counted.
+    More than zero: standby, commit, return. Zero (or the session has ended already): consolidate
+    (see `consolidate`), and after the commit mark the session `ended` in session.json.
+    """
+    from . import actions
+    from .sessions import count_live_agents, end_session, flag_stale_in, ts
+
+    checked = coerce_memories(memories)
+    with actions.as_agent(ws, who, env=env, piggyback=piggyback, now=now) as call:
+        me, session_id, moment = call.agent_id, call.session_id, call.now
+        # heartbeat file and registry go `idle` through the call's own refresh (finish, below)
+        call.heartbeat_fields = {"status": "idle"}
+        call.durable_beat = True
+        ended_before = _session_status(ws, session_id) == "ended"
+        result = {"agent_id": me, "session_id": session_id}
+        reader = None
+        if ended_before or _probably_last(call.store, me, moment, ws.config):
+            # read the ledger now, outside the write lock; inside it only the tail is read
+            reader = LedgerReader(ws.paths.memory_ledger)
+            reader.catch_up()
+        with call.store.write() as conn:
+            # first our own row: an agent idle for long must not flag itself stale below
+            conn.execute("UPDATE agents SET status = 'idle', last_heartbeat = ? WHERE id = ?", (ts(moment), me))
+            staged = stage(conn, me, checked, moment)
+            flagged = [f["agent_id"] for f in flag_stale_in(conn, moment, ws.config)]
+            others = count_live_agents(conn, moment, ws.config, exclude=me)
+            result.update(outcome="standby", active_others=others, staged=staged, merged=0,
+                          flagged_stale=flagged, ended_before=ended_before)
+            if others == 0 or ended_before:
+                result["outcome"] = "consolidated"
+                result.update(consolidate(conn, ws, session_id=session_id, agent_id=me, now=moment,
+                                          announce=not ended_before, reader=reader))
+            else:
+                result["still_staged"] = conn.execute("SELECT COUNT(*) FROM staged_memories").fetchone()[0]
+            call.finish(result, conn)
+        if result["outcome"] == "consolidated":
+            result["ledger"] = str(ws.paths.memory_ledger)
+            result["session_status"] = "ended" if ended_before else end_session(ws, session_id, moment)["status"]
+        else:
+            result["session_status"] = "active"
+        return result

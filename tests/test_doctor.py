@@ -1,0 +1,320 @@
+"""`synapolis doctor`: every check, broken on purpose, reports a finding with its fix (exit 1); a good set-up is clean."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from synapolis import doctor, hook_install, schemas
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """An empty home directory, so the user's own ~/.codex does not leak into the checks."""
+    path = tmp_path / "home"
+    path.mkdir()
+    monkeypatch.setenv("HOME", str(path))
+    return path
+
+
+@pytest.fixture
+def bin_dir(tmp_path):
+    path = tmp_path / "bin"
+    path.mkdir()
+    return path
+
+
+def fake_crontab(bin_dir, stdout="", rc=0):
+    script = bin_dir / "crontab"
+    # shell built-ins only: the tests run it with a PATH that holds nothing else
+    lines = " ".join(f"'{line}'" for line in stdout.splitlines())
+    script.write_text(f"#!/bin/sh\nprintf '%s\\n' {lines}\nexit {rc}\n")
+    script.chmod(0o755)
+    return script
+
+
+def by_check(report, name):
+    return [f for f in report["findings"] if f["check"] == name]
+
+
+def statuses(report, name):
+    return [f["status"] for f in by_check(report, name)]
+
+
+def good_setup(state_dir, project):
+    """A state directory and a project with every harness wired up (hooks and MCP)."""
+    subprocess.run([sys.executable, "-m", "synapolis", "--state-dir", str(state_dir), "init"], check=True,
+                   capture_output=True, timeout=60)
+    for harness in hook_install.HARNESSES:
+        hook_install.install(harness, project)
+    (project / ".mcp.json").write_text(json.dumps({"mcpServers": {"synapolis": {"command": "synapolis", "args": ["mcp"]}}}))
+    gemini = project / ".gemini" / "settings.json"
+    document = json.loads(gemini.read_text())
+    document["mcpServers"] = {"synapolis": {"command": "/opt/venv/bin/synapolis", "args": ["mcp"]}}
+    gemini.write_text(json.dumps(document))
+    (project / ".codex" / "config.toml").write_text('[mcp_servers.synapolis]\ncommand = "synapolis"\nargs = ["mcp"]\n')
+
+
+def run_cli(state_dir, project, bin_dir, home, *args):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SYNAPOLIS_")}
+    env["PATH"] = f"{bin_dir}{os.pathsep}{os.path.dirname(sys.executable)}{os.pathsep}/usr/bin:/bin"
+    env["HOME"] = str(home)
+    return subprocess.run([sys.executable, "-m", "synapolis", "--state-dir", str(state_dir), "doctor",
+                           "--project-dir", str(project), *args], capture_output=True, text=True, env=env, timeout=60)
+
+
+# -- the whole command -------------------------------------------------------------------------------
+
+def test_a_good_setup_is_clean_and_exits_0(tmp_path, state_dir, bin_dir, home):
+    project = tmp_path / "project"
+    project.mkdir()
+    good_setup(state_dir, project)
+    fake_crontab(bin_dir, f"# m h dom mon dow command\n7 * * * * /opt/synapolis/scripts/synapolis-watchdog {state_dir}")
+    done = run_cli(state_dir, project, bin_dir, home, "--json")
+    report = json.loads(done.stdout)
+    assert done.returncode == 0, [f for f in report["findings"] if f["status"] != "ok"]
+    assert report["ok"] and report["counts"]["fail"] == report["counts"]["warn"] == 0
+    assert {f["check"] for f in report["findings"]} >= {"state_dir", "local_fs", "schemas", "config", "temp_files",
+                                                       "cron", "harness:claude-code", "harness:gemini-cli",
+                                                       "harness:codex"}
+    text = run_cli(state_dir, project, bin_dir, home)
+    assert text.returncode == 0 and "0 problem(s), 0 warning(s)" in text.stdout
+
+
+def test_problems_exit_1_and_each_comes_with_its_fix(tmp_path, state_dir, bin_dir, home):
+    project = tmp_path / "project"
+    (project / ".claude").mkdir(parents=True)
+    state_dir.mkdir()
+    (state_dir / "synapolis.json").write_text("{not json")
+    done = run_cli(state_dir, project, bin_dir, home)  # no crontab on this PATH, no hooks, broken config
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "FAIL  config" in done.stdout and "FAIL  cron" in done.stdout and "WARN  harness:claude-code" in done.stdout
+    report = json.loads(run_cli(state_dir, project, bin_dir, home, "--json").stdout)
+    failed = [f for f in report["findings"] if f["status"] == "fail"]
+    assert failed and all(f["fix"] for f in failed) and not report["ok"]
+
+
+# -- the state directory -------------------------------------------------------------------------------
+
+def test_missing_state_dir_is_a_warning_with_init_as_the_fix(state_dir):
+    (finding,) = doctor.check_writable(state_dir)
+    assert finding["status"] == "warn" and "init" in finding["fix"]
+    assert not state_dir.exists()  # doctor only reads
+
+
+def test_state_dir_that_is_a_file_fails(tmp_path):
+    blocker = tmp_path / "state"
+    blocker.write_text("x")
+    assert [f["status"] for f in doctor.check_writable(blocker)] == ["fail"]
+    # and a state dir that cannot be created because its parent is a file
+    assert [f["status"] for f in doctor.check_writable(blocker / "inner")] == ["fail"]
+
+
+def test_a_file_where_a_folder_belongs_fails(state_dir):
+    state_dir.mkdir()
+    (state_dir / "heartbeats").write_text("oops")
+    (finding,) = doctor.check_writable(state_dir)
+    assert finding["status"] == "fail" and "heartbeats" in finding["message"]
+
+
+def test_read_only_state_dir_fails(state_dir):
+    state_dir.mkdir()
+    try:
+        frozen = subprocess.run(["chattr", "+i", str(state_dir)], capture_output=True, timeout=10).returncode == 0
+    except OSError:
+        frozen = False
+    if not frozen:
+        pytest.skip("cannot make a directory read-only here (chattr +i)")
+    try:
+        (finding,) = doctor.check_writable(state_dir)
+        assert finding["status"] == "fail" and "chmod" in finding["fix"]
+    finally:
+        subprocess.run(["chattr", "-i", str(state_dir)], capture_output=True, timeout=10)
+
+
+def test_network_filesystems_fail_and_local_ones_pass(tmp_path, state_dir):
+    mounts = tmp_path / "mounts"
+    target = str(state_dir.parent.resolve())
+    escaped = target.replace(" ", "\\040")
+    mounts.write_text(f"/dev/vda / ext4 rw 0 0\nserver:/export {escaped} nfs4 rw,vers=4.2 0 0\n")
+    (finding,) = doctor.check_local_fs(state_dir, mounts)
+    assert finding["status"] == "fail" and "nfs4" in finding["message"] and "local disk" in finding["fix"]
+    mounts.write_text(f"/dev/vda / ext4 rw 0 0\n//nas/share {escaped} cifs rw 0 0\n")
+    assert doctor.check_local_fs(state_dir, mounts)[0]["status"] == "fail"
+    mounts.write_text(f"/dev/vda / ext4 rw 0 0\ntmpfs {escaped} tmpfs rw 0 0\n")
+    assert doctor.check_local_fs(state_dir, mounts)[0]["status"] == "ok"
+    # a deeper mount that does not hold the state directory does not count
+    mounts.write_text(f"/dev/vda / ext4 rw 0 0\nserver:/x {escaped}-other nfs rw 0 0\n")
+    assert doctor.check_local_fs(state_dir, mounts)[0]["status"] == "ok"
+    assert doctor.check_local_fs(state_dir, tmp_path / "no-such-file")[0]["status"] == "ok"
+
+
+def test_mount_points_with_spaces_are_unescaped(tmp_path):
+    folder = tmp_path / "my state"
+    folder.mkdir()
+    mounts = tmp_path / "mounts"
+    mounts.write_text(f"/dev/vda / ext4 rw 0 0\nsrv:/e {str(folder.resolve()).replace(' ', chr(92) + '040')} nfs rw 0 0\n")
+    assert doctor.filesystem_of(folder / "state", mounts) == (str(folder.resolve()), "nfs")
+
+
+# -- schemas and config ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("content, words", [
+    ("{not json", "not valid JSON"),
+    ('{"stale_after_s": -5}', "stale_after_s"),
+    ('{"stale_after_sec": 300}', "unknown key"),
+    ('{"escalation": {"notify_cmd": 42}}', "notify_cmd"),
+])
+def test_broken_config_fails(state_dir, content, words):
+    state_dir.mkdir()
+    (state_dir / "synapolis.json").write_text(content)
+    config = by_check({"findings": doctor.check_config_and_schemas(state_dir)}, "config")
+    assert [f["status"] for f in config] == ["fail"] and words in config[0]["message"]
+
+
+def test_a_valid_config_and_the_shipped_schemas_pass(state_dir):
+    state_dir.mkdir()
+    (state_dir / "synapolis.json").write_text('{"stale_after_s": 120, "escalation": {"notify_cmd": ["true"]}}')
+    assert [f["status"] for f in doctor.check_config_and_schemas(state_dir)] == ["ok", "ok"]
+
+
+def test_a_missing_or_broken_schema_fails(tmp_path, state_dir, monkeypatch):
+    fake = tmp_path / "standards"
+    fake.mkdir()
+    for name in schemas.SCHEMA_FILES.values():
+        (fake / name).write_text('{"type": "object"}')
+    (fake / schemas.SCHEMA_FILES["heartbeat"]).write_text('{"type": 12}')
+    (fake / schemas.SCHEMA_FILES["config"]).unlink()
+    monkeypatch.setattr(schemas, "standards_dir", lambda: fake)
+    schemas.load_schema.cache_clear()
+    schemas.validator.cache_clear()
+    try:
+        (finding,) = by_check({"findings": doctor.check_config_and_schemas(state_dir)}, "schemas")
+    finally:
+        schemas.load_schema.cache_clear()
+        schemas.validator.cache_clear()
+    assert finding["status"] == "fail"
+    assert "config.schema.json is missing" in finding["message"] and "heartbeat.schema.json" in finding["message"]
+
+
+# -- temp files ---------------------------------------------------------------------------------------
+
+def test_old_stray_temp_files_fail_and_young_ones_do_not(state_dir):
+    (state_dir / "heartbeats").mkdir(parents=True)
+    young = state_dir / "heartbeats" / ".tmp-alice.json.123.abcd.tmp"
+    young.write_text("{")
+    assert doctor.check_temp_files(state_dir)[0]["status"] == "ok"  # a writer may be mid-write
+    old = state_dir / ".tmp-heartbeat-monitor.json.9.ffff.tmp"
+    old.write_text("{")
+    stamp = time.time() - 2 * 3600
+    os.utime(old, (stamp, stamp))
+    (finding,) = doctor.check_temp_files(state_dir)
+    assert finding["status"] == "fail" and finding["paths"] == [str(old)] and "watchdog" in finding["fix"]
+
+
+# -- cron -----------------------------------------------------------------------------------------------
+
+def test_cron_line_checks(state_dir, bin_dir, monkeypatch):
+    monkeypatch.setenv("PATH", str(bin_dir))
+    (finding,) = doctor.check_cron(state_dir)
+    assert finding["status"] == "fail" and "no `crontab`" in finding["message"] and "watchdog" in finding["fix"]
+    fake_crontab(bin_dir, "no crontab for root", rc=1)
+    (finding,) = doctor.check_cron(state_dir)
+    assert finding["status"] == "fail" and "crontab -" in finding["fix"] and str(state_dir) in finding["fix"]
+    fake_crontab(bin_dir, f"# 7 * * * * synapolis-watchdog {state_dir}\n0 1 * * * backup.sh")
+    assert doctor.check_cron(state_dir)[0]["status"] == "fail"  # commented out does not count
+    fake_crontab(bin_dir, "7 * * * * synapolis-watchdog /somewhere/else/state")
+    assert doctor.check_cron(state_dir)[0]["status"] == "warn"
+    fake_crontab(bin_dir, f"7 * * * * synapolis --state-dir {state_dir} watchdog")
+    assert doctor.check_cron(state_dir)[0]["status"] == "ok"
+
+
+def test_a_hanging_crontab_is_a_finding_not_a_hang(state_dir, bin_dir, monkeypatch):
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}/usr/bin:/bin")
+    monkeypatch.setattr(doctor, "CRONTAB_TIMEOUT_S", 0.5)
+    script = bin_dir / "crontab"
+    script.write_text("#!/bin/sh\nexec sleep 30\n")
+    script.chmod(0o755)
+    started = time.monotonic()
+    (finding,) = doctor.check_cron(state_dir)
+    assert finding["status"] == "fail" and time.monotonic() - started < 10
+
+
+# -- harnesses ------------------------------------------------------------------------------------------
+
+def test_no_harness_wired_is_a_warning(tmp_path):
+    assert [f["status"] for f in doctor.check_harnesses(tmp_path)] == ["warn"]
+
+
+@pytest.mark.parametrize("harness", sorted(hook_install.HARNESSES))
+def test_missing_partial_and_broken_hook_entries(tmp_path, home, harness):
+    spec = hook_install.HARNESSES[harness]
+    path = tmp_path / spec.settings_path
+    path.parent.mkdir(parents=True)
+    check = f"harness:{harness}"
+    (finding,) = doctor.check_harness(tmp_path, harness)  # set up, but not for synapolis: a warning
+    assert finding["status"] == "warn" and f"hooks install {harness}" in finding["fix"]
+    hook_install.install(harness, tmp_path)
+    assert doctor.check_harness(tmp_path, harness)[0]["status"] == "ok"
+    document = json.loads(path.read_text())
+    dropped = spec.events[1]
+    del document["hooks"][dropped]
+    path.write_text(json.dumps(document))
+    finding = doctor.check_harness(tmp_path, harness)[0]
+    assert finding["status"] == "fail" and dropped in finding["message"] and finding["check"] == check
+    path.write_text("{oops")
+    (finding,) = doctor.check_harness(tmp_path, harness)
+    assert finding["status"] == "fail" and "not valid JSON" in finding["message"]
+
+
+@pytest.mark.parametrize("harness, file, content", [
+    ("claude-code", ".mcp.json", {"mcpServers": {"swarm": {"command": "synapolis", "args": ["mcp"]}}}),
+    ("gemini-cli", ".gemini/settings.json", {"mcpServers": {"s": {"command": "python", "args": ["-m", "synapolis", "mcp"]}}}),
+    ("codex", ".codex/config.toml", '[mcp_servers.synapolis]\ncommand = "/opt/bin/synapolis"\nargs = ["mcp"]\n'),
+])
+def test_mcp_entries_are_found_in_the_file_each_harness_reads(tmp_path, home, harness, file, content):
+    hook_install.install(harness, tmp_path)
+    assert statuses({"findings": doctor.check_harness(tmp_path, harness)}, f"harness:{harness}")[-1] == "warn"
+    path = tmp_path / file
+    if isinstance(content, dict):
+        existing = json.loads(path.read_text()) if path.exists() else {}
+        existing.update(content)
+        path.write_text(json.dumps(existing))
+    else:
+        path.write_text(content)
+    assert statuses({"findings": doctor.check_harness(tmp_path, harness)}, f"harness:{harness}") == ["ok", "ok"]
+
+
+def test_mcp_entries_in_the_wrong_file_do_not_count(tmp_path, home):
+    hook_install.install("claude-code", tmp_path)
+    settings = tmp_path / ".claude" / "settings.json"
+    document = json.loads(settings.read_text())
+    document["mcpServers"] = {"synapolis": {"command": "synapolis", "args": ["mcp"]}}  # Claude Code reads .mcp.json
+    settings.write_text(json.dumps(document))
+    assert doctor.check_harness(tmp_path, "claude-code")[-1]["status"] == "warn"
+
+
+def test_harness_switches_that_turn_hooks_off_fail(tmp_path, home):
+    hook_install.install("gemini-cli", tmp_path)
+    settings = tmp_path / ".gemini" / "settings.json"
+    document = json.loads(settings.read_text())
+    document["tools"] = {"enableHooks": False}
+    settings.write_text(json.dumps(document))
+    assert "fail" in statuses({"findings": doctor.check_harness(tmp_path, "gemini-cli")}, "harness:gemini-cli")
+    hook_install.install("codex", tmp_path)
+    (home / ".codex").mkdir()
+    (home / ".codex" / "config.toml").write_text("[features]\nhooks = false\n")
+    findings = doctor.check_harness(tmp_path, "codex")
+    assert any(f["status"] == "fail" and "features" in f["message"] for f in findings)
+
+
+def test_hooks_that_call_a_synapolis_not_on_path_fail(tmp_path, monkeypatch):
+    hook_install.install("claude-code", tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    findings = doctor.check_harnesses(tmp_path)
+    assert findings[0]["status"] == "fail" and "not on PATH" in findings[0]["message"]

@@ -1,0 +1,440 @@
+"""Harness hooks: each harness's documented payloads, identity, honest delivery, redelivery, the size cap,
+and the promise that a hook always exits 0 in bounded time (locked store, read-only state, garbage)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+
+from synapolis import actions, hooks
+from synapolis.identity import Who
+from synapolis.workspace import Workspace
+
+CONV = "5f1b2c3d-aaaa-bbbb-cccc-0123456789ab"
+BASE = {
+    "claude-code": {"session_id": CONV, "transcript_path": "/home/u/.claude/projects/p/t.jsonl",
+                    "cwd": "/home/u/p", "permission_mode": "default"},
+    "gemini-cli": {"session_id": CONV, "transcript_path": "/home/u/.gemini/tmp/t.json", "cwd": "/home/u/p",
+                   "timestamp": "2030-01-01T12:00:00.000Z"},
+    "codex": {"session_id": CONV, "transcript_path": None, "cwd": "/home/u/p", "model": "gpt-5-codex",
+              "permission_mode": "default"},
+}
+# event -> its own fields, as each harness documents them
+EVENTS = {
+    "claude-code": {
+        "SessionStart": {"source": "startup", "model": "claude-sonnet-4-6"},
+        "UserPromptSubmit": {"prompt": "fix the login bug"},
+        "PostToolUse": {"tool_name": "Bash", "tool_input": {"command": "ls"}, "tool_use_id": "toolu_01",
+                        "tool_response": {"stdout": "a\nb\n", "stderr": "", "interrupted": False}},
+        "Stop": {"stop_hook_active": False},
+        "SessionEnd": {"reason": "exit"},
+    },
+    "gemini-cli": {
+        "SessionStart": {"source": "startup"},
+        "BeforeAgent": {"prompt": "fix the login bug"},
+        "AfterTool": {"tool_name": "run_shell_command", "tool_input": {"command": "ls"},
+                      "tool_response": {"llmContent": "a\nb\n", "returnDisplay": "a\nb\n"}},
+        "AfterAgent": {"prompt": "fix the login bug", "prompt_response": "done", "stop_hook_active": False},
+        "SessionEnd": {"reason": "exit"},
+    },
+    "codex": {
+        "SessionStart": {"source": "startup"},
+        "UserPromptSubmit": {"prompt": "fix the login bug", "turn_id": "019d036d-c7fa"},
+        "PostToolUse": {"tool_name": "Bash", "tool_input": {"command": "ls"}, "tool_use_id": "call_1",
+                        "tool_response": "a\nb\n", "turn_id": "019d036d-c7fa"},
+        "Stop": {"stop_hook_active": False, "last_assistant_message": "done", "turn_id": "019d036d-c7fa"},
+    },
+}
+DELIVER = {"claude-code": "PostToolUse", "gemini-cli": "AfterTool", "codex": "PostToolUse"}
+PROMPT = {"claude-code": "UserPromptSubmit", "gemini-cli": "BeforeAgent", "codex": "UserPromptSubmit"}
+IDLE = {"claude-code": "Stop", "gemini-cli": "AfterAgent", "codex": "Stop"}
+# what each harness's output schema allows at the top level and inside hookSpecificOutput
+ALLOWED_TOP = {"continue", "stopReason", "suppressOutput", "systemMessage", "decision", "reason", "hookSpecificOutput"}
+ALLOWED_SPECIFIC = {"hookEventName", "additionalContext"}
+
+
+def event(harness: str, name: str, conversation: str = CONV) -> dict:
+    return {**BASE[harness], "session_id": conversation, "hook_event_name": name, **EVENTS[harness][name]}
+
+
+@pytest.fixture
+def hws(state_dir):
+    """A workspace whose sender may send many signals, with the default redelivery delay."""
+    state_dir.mkdir(parents=True)
+    (state_dir / "synapolis.json").write_text(json.dumps({"rate_limit_per_min": 100000}))
+    return Workspace.open(state_dir).ensure()
+
+
+def configure(ws, **values):
+    path = ws.paths.config
+    document = json.loads(path.read_text())
+    document.update(values)
+    path.write_text(json.dumps(document))
+    return Workspace.open(ws.root)
+
+
+def run(ws, harness, name, conversation=CONV):
+    result = hooks.handle(harness, json.dumps(event(harness, name, conversation)), state_dir=ws.root, env={})
+    assert result["problems"] == [], result["problems"]
+    return result
+
+
+def context(result) -> str:
+    return (result["output"].get("hookSpecificOutput") or {}).get("additionalContext", "")
+
+
+def deliveries(ws, agent_id):
+    session = json.loads(ws.paths.hook_state(agent_id).read_text())["session_id"]
+    conn = sqlite3.connect(ws.paths.session_db(session))
+    try:
+        return conn.execute("SELECT signal_id, delivery_method, offers FROM signal_deliveries WHERE agent_id = ? "
+                            "ORDER BY delivered_at", (agent_id,)).fetchall()
+    finally:
+        conn.close()
+
+
+def sender(ws, agent_id="bob"):
+    actions.start(ws, agent_id=agent_id, env={}, write_identity=False)
+    return lambda to, content: actions.signal(ws, Who(agent_id), to, content, env={})["signal"]
+
+
+# -- identity and shapes --------------------------------------------------------------------------
+
+def test_identity_is_derived_from_the_conversation_as_the_contract_says():
+    digest = hashlib.sha256(CONV.encode()).hexdigest()
+    assert hooks.agent_id_for("claude-code", CONV, env={}) == f"claude_code_{digest[:8]}_{digest[8:12]}"
+    assert hooks.agent_id_for("codex", CONV, env={"SYNAPOLIS_SUBSTRATE": "GPT 5 Codex"}).startswith("gpt_5_codex_")
+    # a hostile session id is only ever hashed: it never becomes a path
+    assert hooks.agent_id_for("gemini-cli", "../../etc/passwd", env={}).startswith("gemini_cli_")
+
+
+@pytest.mark.parametrize("harness", sorted(EVENTS))
+def test_every_documented_event_keeps_one_identity_and_the_right_status(hws, harness):
+    ids, statuses = set(), {}
+    for name in EVENTS[harness]:
+        result = run(hws, harness, name)
+        ids.add(result["agent_id"])
+        doc = json.loads(hws.paths.heartbeat(result["agent_id"]).read_text())
+        statuses[name] = doc["status"]
+        out = result["output"]
+        assert set(out) <= ALLOWED_TOP
+        if out:
+            specific = out["hookSpecificOutput"]
+            assert set(specific) <= ALLOWED_SPECIFIC and specific["hookEventName"] == name
+        else:
+            assert hooks.EVENT_KINDS[harness][name] in ("idle", "end", "deliver")
+    assert len(ids) == 1
+    (agent_id,) = ids
+    assert statuses["SessionStart"] == "active" and statuses[DELIVER[harness]] == "active"
+    assert statuses[IDLE[harness]] == "idle"
+    if "SessionEnd" in EVENTS[harness]:
+        assert statuses["SessionEnd"] == "stopped"
+    listed = actions.list_agents(hws, Who(agent_id), env={})["agents"]
+    assert [a["harness"] for a in listed if a["id"] == agent_id] == [harness]
+
+
+def test_session_start_tells_the_agent_who_it_is(hws):
+    result = run(hws, "claude-code", "SessionStart")
+    text = context(result)
+    state = json.loads(hws.paths.hook_state(result["agent_id"]).read_text())
+    assert result["agent_id"] in text and state["session_id"] in text
+    assert oct(hws.paths.hook_state(result["agent_id"]).stat().st_mode & 0o777) == "0o600"
+
+
+def test_two_conversations_are_two_agents_in_one_session(hws):
+    a = run(hws, "claude-code", "SessionStart", "conv-a")["agent_id"]
+    b = run(hws, "gemini-cli", "SessionStart", "conv-b")["agent_id"]
+    assert a != b
+    sessions = {json.loads(hws.paths.hook_state(x).read_text())["session_id"] for x in (a, b)}
+    assert len(sessions) == 1
+
+
+def test_a_resumed_conversation_takes_its_slot_back_at_once(hws):
+    first = run(hws, "claude-code", "SessionStart")
+    token = json.loads(hws.paths.hook_state(first["agent_id"]).read_text())["run_token"]
+    again = run(hws, "claude-code", "SessionStart")  # source "resume": same id, live slot, same token
+    assert again["agent_id"] == first["agent_id"]
+    assert json.loads(hws.paths.hook_state(first["agent_id"]).read_text())["run_token"] == token
+
+
+def test_first_event_without_session_start_registers_the_agent(hws):
+    send = sender(hws)
+    result = run(hws, "codex", "UserPromptSubmit")
+    send(result["agent_id"], "late joiner, you are seen")
+    assert "late joiner, you are seen" in context(run(hws, "codex", "PostToolUse"))
+
+
+# -- delivery -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("harness", sorted(EVENTS))
+def test_a_signal_is_delivered_once_in_the_harness_shape(hws, harness):
+    me = run(hws, harness, "SessionStart")["agent_id"]
+    signal = sender(hws)(me, "please review src/api/users.py")
+    first = run(hws, harness, PROMPT[harness])
+    assert first["output"]["hookSpecificOutput"]["hookEventName"] == PROMPT[harness]
+    assert "please review src/api/users.py" in context(first) and signal["id"][:12] in context(first)
+    assert first["delivered"] == [signal["id"]]
+    second = run(hws, harness, DELIVER[harness])
+    assert second["delivered"] == [] and "please review" not in context(second)
+    assert deliveries(hws, me) == [(signal["id"], "hook", 1)]
+
+
+def test_unacked_signals_are_offered_again_at_most_three_times(hws):
+    ws = configure(hws, redeliver_after_s=0.001)
+    me = run(ws, "claude-code", "SessionStart")["agent_id"]
+    signal = sender(ws)(me, "are you there?")
+    offered = []
+    for _ in range(5):
+        time.sleep(0.005)  # past redeliver_after_s (1 ms): the delay itself is what is tested
+        offered.append(run(ws, "claude-code", "PostToolUse")["delivered"])
+    assert offered == [[signal["id"]]] * 3 + [[], []]
+    assert deliveries(ws, me) == [(signal["id"], "hook", 3)]
+
+
+def test_not_offered_again_before_redeliver_after_s(hws):
+    me = run(hws, "claude-code", "SessionStart")["agent_id"]
+    sender(hws)(me, "once")
+    assert len(run(hws, "claude-code", "PostToolUse")["delivered"]) == 1
+    assert run(hws, "claude-code", "PostToolUse")["delivered"] == []
+
+
+def test_an_acked_signal_is_never_offered_again(hws):
+    ws = configure(hws, redeliver_after_s=0.001)
+    me = run(ws, "claude-code", "SessionStart")["agent_id"]
+    signal = sender(ws)(me, "handled soon")
+    assert run(ws, "claude-code", "PostToolUse")["delivered"] == [signal["id"]]
+    actions.ack_signals(ws, Who(me), [signal["id"][:10]], env={})
+    for _ in range(3):
+        time.sleep(0.005)
+        assert run(ws, "claude-code", "PostToolUse")["delivered"] == []
+
+
+def test_output_stays_under_the_cap_and_never_cuts_a_signal(hws):
+    me = run(hws, "claude-code", "SessionStart")["agent_id"]
+    send = sender(hws)
+    # quotes and newlines cost double once JSON-escaped: the cap is on what the harness receives
+    sent = [send(me, f"signal {i} " + ('"quoted"\n' * 60)) for i in range(25)]
+    seen, rounds = [], 0
+    while len(seen) < len(sent) and rounds < 10:
+        rounds += 1
+        result = run(hws, "claude-code", "PostToolUse")
+        printed = json.dumps(result["output"], ensure_ascii=False)
+        assert len(printed) < 10_000
+        text = context(result)
+        for s in sent:
+            if s["id"] in result["delivered"]:
+                assert s["content"] in text  # whole, never half
+        for s in sent:
+            if s["id"] not in result["delivered"] and s["id"] not in seen:
+                assert s["content"] not in text
+        if len(seen) + len(result["delivered"]) < len(sent):
+            assert "not shown here" in text and result["withheld"]
+        seen += result["delivered"]
+    assert sorted(seen) == sorted(s["id"] for s in sent) and rounds > 1
+
+
+def test_with_run_tokens_required_the_hook_presents_its_own(hws):
+    ws = configure(hws, require_run_token=True)
+    me = run(ws, "claude-code", "SessionStart")["agent_id"]
+    token = json.loads(ws.paths.hook_state(me).read_text())["run_token"]
+    actions.start(ws, agent_id="bob", env={}, write_identity=False, run_token="bob-token")
+    actions.signal(ws, Who("bob", run_token="bob-token"), me, "tokens everywhere", env={})
+    text = context(run(ws, "claude-code", "PostToolUse"))
+    assert "tokens everywhere" in text and f"--run-token {token}" in text
+    assert json.loads(ws.paths.heartbeat(me).read_text())["status"] == "active"
+
+
+def test_a_signal_too_big_for_any_answer_is_summarised_not_cut(hws):
+    me = run(hws, "gemini-cli", "SessionStart")["agent_id"]
+    big = sender(hws)(me, "B" * 30_000)
+    result = run(hws, "gemini-cli", "AfterTool")
+    text = context(result)
+    assert "B" * 100 not in text and big["id"][:12] in text and "read-signals" in text
+    assert len(json.dumps(result["output"])) < 10_000
+    assert deliveries(hws, me) == []  # only what an answer really carried counts as delivered
+
+
+def test_events_from_a_subagent_beat_but_carry_no_signals(hws):
+    me = run(hws, "codex", "SessionStart")["agent_id"]
+    sender(hws)(me, "for the main agent")
+    inside = {"agent_id": "019d-child-thread", "agent_type": "explorer"}
+    for name in ("PostToolUse", "Stop"):
+        result = hooks.handle("codex", json.dumps({**event("codex", name), **inside}), state_dir=hws.root, env={})
+        assert result["problems"] == [] and result["output"] == {} and result["agent_id"] == me
+    assert json.loads(hws.paths.heartbeat(me).read_text())["status"] == "active"  # a subagent's Stop is not ours
+    assert "for the main agent" in context(run(hws, "codex", "PostToolUse"))
+
+
+def test_text_in_any_script_reaches_the_harness_whatever_the_locale(cli, hws):
+    me = run(hws, "claude-code", "SessionStart")["agent_id"]
+    sender(hws)(me, "prüfe bitte 日本語 — ✓")
+    done = cli("hook", "claude-code", input=json.dumps(event("claude-code", "PostToolUse")),
+               env={"PYTHONIOENCODING": "ascii", "LC_ALL": "C", "PYTHONUTF8": "0"})
+    assert done.returncode == 0, done.stderr
+    assert "prüfe bitte 日本語 — ✓" in json.loads(done.stdout)["hookSpecificOutput"]["additionalContext"]
+
+
+# -- never breaking the harness -------------------------------------------------------------------
+
+def _hook(cli, harness, payload, env=None, timeout=30):
+    started = time.monotonic()
+    done = cli("hook", harness, input=payload, env=env, timeout=timeout)
+    return done, time.monotonic() - started
+
+
+@pytest.mark.parametrize("payload", [
+    "", "not json at all", "[1, 2, 3]", '{"hook_event_name": "PostToolUse"}', '{"session_id": 5}',
+    '{"session_id": "x"}', "\udcff".encode("utf-8", "surrogateescape").decode("latin-1"), "{" * 5000,
+])
+def test_garbage_input_exits_0_with_an_empty_answer(cli, payload):
+    done, _ = _hook(cli, "claude-code", payload)
+    assert done.returncode == 0 and json.loads(done.stdout) == {}
+    assert done.stderr.startswith("synapolis hook claude-code:") and "Traceback" not in done.stderr
+
+
+def test_unknown_harness_and_unknown_event_still_exit_0(cli, state_dir):
+    done, _ = _hook(cli, "cursor", json.dumps(event("codex", "Stop")))
+    assert done.returncode == 0 and json.loads(done.stdout) == {} and "unknown harness" in done.stderr
+    done, _ = _hook(cli, "claude-code", json.dumps({**BASE["claude-code"], "hook_event_name": "PreCompact"}))
+    assert done.returncode == 0 and json.loads(done.stdout) == {} and done.stderr == ""
+
+
+LOCKER = r"""
+import sqlite3, sys, time
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN IMMEDIATE")
+open(sys.argv[2], "w").close()
+time.sleep(60)
+"""
+
+
+def test_a_locked_store_answers_within_the_bound(cli, hws, tmp_path):
+    me = run(hws, "claude-code", "SessionStart")["agent_id"]
+    session = json.loads(hws.paths.hook_state(me).read_text())["session_id"]
+    ready = tmp_path / "locked"
+    locker = subprocess.Popen([sys.executable, "-c", LOCKER, str(hws.paths.session_db(session)), str(ready)])
+    try:
+        deadline = time.monotonic() + 20
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert ready.exists()
+        done, took = _hook(cli, "claude-code", json.dumps(event("claude-code", "PostToolUse")))
+        assert done.returncode == 0 and json.loads(done.stdout) == {}
+        assert "locked" in done.stderr and took < hooks.HOOK_DEADLINE_S + 5
+    finally:
+        locker.kill()
+        locker.wait()
+
+
+HEARTBEAT_LOCKER = r"""
+import sys, time
+from pathlib import Path
+from synapolis.atomic import locked
+with locked(Path(sys.argv[1])):
+    open(sys.argv[2], "w").close()
+    time.sleep(60)
+"""
+
+
+def test_a_lock_that_never_comes_free_hits_the_deadline_not_the_harness(cli, hws, tmp_path):
+    me = run(hws, "claude-code", "SessionStart")["agent_id"]
+    ready = tmp_path / "held"
+    holder = subprocess.Popen([sys.executable, "-c", HEARTBEAT_LOCKER,
+                               str(hws.paths.lock(f"heartbeat.{me}")), str(ready)])
+    try:
+        deadline = time.monotonic() + 20
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert ready.exists()
+        done, took = _hook(cli, "claude-code", json.dumps(event("claude-code", "PostToolUse")),
+                           env={"SYNAPOLIS_HOOK_TIMEOUT_S": "1.5"})
+        assert done.returncode == 0 and json.loads(done.stdout) == {}
+        assert "gave up after 1.5s" in done.stderr and took < 1.5 + 4
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_stdin_that_never_closes_hits_the_deadline(state_dir):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SYNAPOLIS_")}
+    env["SYNAPOLIS_HOOK_TIMEOUT_S"] = "1"
+    proc = subprocess.Popen([sys.executable, "-m", "synapolis", "--state-dir", str(state_dir), "hook", "codex"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    try:
+        proc.stdin.write(b'{"session_id": "s", ')  # and never the rest, nor EOF
+        proc.stdin.flush()
+        started = time.monotonic()
+        rc = proc.wait(timeout=15)
+        took = time.monotonic() - started
+        out, err = proc.stdout.read(), proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdin.close()
+    assert rc == 0 and json.loads(out) == {} and b"gave up" in err and took < 10
+
+
+def _chattr(flag, path) -> bool:
+    try:
+        return subprocess.run(["chattr", flag, str(path)], capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def test_a_read_only_state_directory_exits_0(cli, hws):
+    me = run(hws, "claude-code", "SessionStart")["agent_id"]
+    targets = [hws.paths.heartbeats, hws.root, hws.paths.hook_states]
+    frozen = []
+    try:
+        for target in targets:
+            if not _chattr("+i", target):
+                pytest.skip("cannot make a directory read-only here (chattr +i needs root and ext4)")
+            frozen.append(target)
+        if os.access(hws.paths.heartbeats, os.W_OK) and not _writes_fail(hws.paths.heartbeats):
+            pytest.skip("the read-only flag does not hold for this user")
+        done, took = _hook(cli, "claude-code", json.dumps(event("claude-code", "PostToolUse")))
+        assert done.returncode == 0 and json.loads(done.stdout) == {}
+        assert done.stderr.startswith("synapolis hook claude-code:") and "Traceback" not in done.stderr
+        assert json.loads(hws.paths.heartbeat(me).read_text())["seq"] >= 1  # the old file is intact
+    finally:
+        for target in frozen:
+            _chattr("-i", target)
+
+
+def _writes_fail(folder) -> bool:
+    try:
+        (folder / ".probe").write_text("x")
+    except OSError:
+        return True
+    (folder / ".probe").unlink()
+    return False
+
+
+def test_state_dir_that_is_a_file_exits_0(tmp_path):
+    blocker = tmp_path / "state-file"
+    blocker.write_text("not a directory")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SYNAPOLIS_")}
+    env["SYNAPOLIS_STATE_DIR"] = str(blocker)
+    done = subprocess.run([sys.executable, "-m", "synapolis", "hook", "gemini-cli"], capture_output=True, text=True,
+                          input=json.dumps(event("gemini-cli", "BeforeAgent")), env=env, timeout=30)
+    assert done.returncode == 0 and json.loads(done.stdout) == {} and "not a directory" in done.stderr
+
+
+def test_a_real_process_answers_in_the_harness_shape(cli, hws):
+    done, _ = _hook(cli, "codex", json.dumps(event("codex", "SessionStart")))
+    assert done.returncode == 0 and done.stderr == ""
+    out = json.loads(done.stdout)
+    assert out["hookSpecificOutput"]["hookEventName"] == "SessionStart"
+    me = hooks.agent_id_for("codex", CONV, env={})
+    sender(hws)(me, "from another process")
+    done, _ = _hook(cli, "codex", json.dumps(event("codex", "PostToolUse")))
+    assert "from another process" in json.loads(done.stdout)["hookSpecificOutput"]["additionalContext"]
+    done, _ = _hook(cli, "codex", json.dumps(event("codex", "Stop")))
+    assert done.returncode == 0 and json.loads(done.stdout) == {}
