@@ -228,36 +228,32 @@ def start(ws, *, agent_id: str | None = None, session_id: str | None = None, har
     ws.ensure()
     with locked(ws.paths.lock("sessions")):  # two first agents must not each create a session
         session_id, created = _choose_session(ws, session_id, new_session, now)
-    store = SessionStore.open(ws, session_id)
-    try:
-        with store.write() as conn:
-            row = agent_row(conn, agent_id)
-            stamp = ts(now)
-            if row is not None:
-                if run_token is not None:
-                    if not _same_token(run_token, row["run_token"]):
-                        raise ForbiddenError(f"wrong run token for agent {agent_id} in session {session_id}")
-                    token, how = row["run_token"], "reclaimed"
-                elif is_live(row, now, ws.config):
-                    age = (now - parse_ts(row["last_heartbeat"])).total_seconds()
-                    raise ConflictError(
-                        f"agent {agent_id} is already active in session {session_id} (last heartbeat "
-                        f"{humanize_age(age)}): present its run token to reclaim it, or pick another --agent-id")
-                else:
-                    token, how = _new_token(), "taken_over"
-                conn.execute("UPDATE agents SET harness = ?, substrate = ?, status = 'active', last_heartbeat = ?, "
-                             "run_token = ?, started_at = ? WHERE id = ?",
-                             (harness, substrate or "", stamp, token, stamp, agent_id))
+    with SessionStore.open(ws, session_id) as store, store.write() as conn:
+        row = agent_row(conn, agent_id)
+        stamp = ts(now)
+        if row is not None:
+            if run_token is not None:
+                if not _same_token(run_token, row["run_token"]):
+                    raise ForbiddenError(f"wrong run token for agent {agent_id} in session {session_id}")
+                token, how = row["run_token"], "reclaimed"
+            elif is_live(row, now, ws.config):
+                age = (now - parse_ts(row["last_heartbeat"])).total_seconds()
+                raise ConflictError(
+                    f"agent {agent_id} is already active in session {session_id} (last heartbeat "
+                    f"{humanize_age(age)}): present its run token to reclaim it, or pick another --agent-id")
             else:
-                token, how = run_token or _new_token(), "joined"
-                joined_seq = conn.execute("SELECT COALESCE(max(sequence), 0) FROM signals").fetchone()[0]
-                conn.execute("INSERT INTO agents (id, harness, substrate, status, last_heartbeat, run_token, joined_at, "
-                             "joined_seq, read_upto, delivered_upto, started_at) "
-                             "VALUES (?, ?, ?, 'active', ?, ?, ?, ?, 0, 0, ?)",
-                             (agent_id, harness, substrate or "", stamp, token, stamp, joined_seq, stamp))
-            pending = sig.drain(conn, agent_id, "startup_drain", now, ws.config) if piggyback else []
-    finally:
-        store.close()
+                token, how = _new_token(), "taken_over"
+            conn.execute("UPDATE agents SET harness = ?, substrate = ?, status = 'active', last_heartbeat = ?, "
+                         "run_token = ?, started_at = ? WHERE id = ?",
+                         (harness, substrate or "", stamp, token, stamp, agent_id))
+        else:
+            token, how = run_token or _new_token(), "joined"
+            joined_seq = conn.execute("SELECT COALESCE(max(sequence), 0) FROM signals").fetchone()[0]
+            conn.execute("INSERT INTO agents (id, harness, substrate, status, last_heartbeat, run_token, joined_at, "
+                         "joined_seq, read_upto, delivered_upto, started_at) "
+                         "VALUES (?, ?, ?, 'active', ?, ?, ?, ?, 0, 0, ?)",
+                         (agent_id, harness, substrate or "", stamp, token, stamp, joined_seq, stamp))
+        pending = sig.drain(conn, agent_id, "startup_drain", now, ws.config) if piggyback else []
     doc = write_heartbeat(ws.paths, agent_id, harness=harness, substrate=substrate, session_id=session_id,
                           status="active", now=format_ts(now))
     if write_identity:
@@ -355,25 +351,23 @@ def inbox(ws, session_id: str, agent_id: str, *, method: str = "push", now: date
     validate_session_id(session_id)
     validate_agent_id(agent_id)
     now = _now(now)
-    store = SessionStore.open(ws, session_id)
-    try:
-        with store.write() as conn:
-            if agent_row(conn, agent_id) is None:
-                raise NotFoundError(f"agent {agent_id!r} is not registered in session {session_id!r}")
-            sig.drain(conn, agent_id, method, now, ws.config)
-            return {"signals": sig.unread(conn, agent_id)}
-    finally:
-        store.close()
+    with SessionStore.open(ws, session_id) as store, store.write() as conn:
+        if agent_row(conn, agent_id) is None:
+            raise NotFoundError(f"agent {agent_id!r} is not registered in session {session_id!r}")
+        sig.drain(conn, agent_id, method, now, ws.config)
+        return {"signals": sig.unread(conn, agent_id)}
 
 
 def follow_signals(ws, who: Who | None = None, *, unread_only: bool = True, limit: int | None = None, env=None,
                    stop=None, safety_wait_s: float = 5.0):
     """Yield the caller's signals, then each new one as it is stored, until `stop` (an Event) is set.
 
-    New signals are noticed by watching the session folder with watchdog (inotify where the system
-    has it, a polling observer otherwise); `safety_wait_s` re-checks in case an event was missed.
+    New signals are noticed by watching the session folder (synapolis.watching: inotify where the
+    system has it, polling otherwise); `safety_wait_s` re-checks in case an event was missed.
     """
     import threading
+
+    from .watching import event_handler, start_observer, stop_observer
 
     first = read_signals(ws, who, unread_only=unread_only, limit=limit, env=env)
     yield from first["signals"]
@@ -381,47 +375,26 @@ def follow_signals(ws, who: Who | None = None, *, unread_only: bool = True, limi
     agent, session = first["agent_id"], first["session_id"]
     stop = stop or threading.Event()
     changed = threading.Event()
-    observer = watch_session(ws, session, changed.set)
-    store = SessionStore.open(ws, session)
+
+    def on_event(event):
+        if not event.is_directory:
+            changed.set()
+
+    observer = start_observer(event_handler(on_event), ws.paths.session_dir(session), poll_interval_s=0.5)
     try:
-        while not stop.is_set():
-            changed.wait(safety_wait_s)
-            changed.clear()
-            if stop.is_set():
-                break
-            with store.read() as conn:
-                new = sig.query(conn, agent, unread_only=unread_only, include_history=True, after=last)
-            for item in new:
-                last = max(last, item["sequence"])
-                yield item
+        with SessionStore.open(ws, session) as store:
+            while not stop.is_set():
+                changed.wait(safety_wait_s)
+                changed.clear()
+                if stop.is_set():
+                    break
+                with store.read() as conn:
+                    new = sig.query(conn, agent, unread_only=unread_only, include_history=True, after=last)
+                for item in new:
+                    last = max(last, item["sequence"])
+                    yield item
     finally:
-        store.close()
-        observer.stop()
-
-
-def watch_session(ws, session_id: str, on_change):
-    """Start a watchdog observer calling `on_change()` whenever the session's files change; returns it."""
-    from watchdog.events import FileSystemEventHandler
-
-    class Handler(FileSystemEventHandler):
-        def on_any_event(self, event):
-            if not event.is_directory:
-                on_change()
-
-    folder = str(ws.paths.session_dir(session_id))
-    try:
-        from watchdog.observers import Observer
-
-        observer = Observer()
-        observer.schedule(Handler(), folder, recursive=False)
-        observer.start()
-    except OSError:  # no inotify (limits, exotic filesystems): poll the folder instead
-        from watchdog.observers.polling import PollingObserver
-
-        observer = PollingObserver(timeout=0.5)
-        observer.schedule(Handler(), folder, recursive=False)
-        observer.start()
-    return observer
+        stop_observer(observer)
 
 
 def warn_sessions(ws, incident: dict, now: datetime | None = None) -> list[dict]:
@@ -440,14 +413,10 @@ def warn_sessions(ws, incident: dict, now: datetime | None = None) -> list[dict]
             "its work may need taking over")
     sent = []
     for session_id in targets:
-        store = SessionStore.open(ws, session_id)
-        try:
-            with store.write() as conn:
-                doc, _aud = sig.send(conn, caller=None, recipient=sig.BROADCAST, content=what, now=now,
-                                     config=ws.config, type_="warn", sender=sig.SYSTEM_SENDER, rate_limited=False)
-            sent.append({"session_id": session_id, "signal_id": doc["id"]})
-        finally:
-            store.close()
+        with SessionStore.open(ws, session_id) as store, store.write() as conn:
+            doc, _aud = sig.send(conn, caller=None, recipient=sig.BROADCAST, content=what, now=now,
+                                 config=ws.config, type_="warn", sender=sig.SYSTEM_SENDER, rate_limited=False)
+        sent.append({"session_id": session_id, "signal_id": doc["id"]})
     return sent
 
 
@@ -533,13 +502,9 @@ def whiteboard_read(ws, who: Who | None = None, key: str | None = None, *, sessi
             if key is not None:
                 raise NotFoundError(f"no whiteboard key {key!r}: there is no active session")
             return _finish_read(call, {"entries": [], "session_id": None})
-        store = SessionStore.open(ws, scope[0])
-        try:
-            with store.read() as conn:
-                result = {"entry": board.read_entry(conn, key)} if key is not None else \
-                    {"entries": board.read_entries(conn)}
-        finally:
-            store.close()
+        with SessionStore.open(ws, scope[0]) as store, store.read() as conn:
+            result = {"entry": board.read_entry(conn, key)} if key is not None else \
+                {"entries": board.read_entries(conn)}
         result["session_id"] = scope[0]
         return _finish_read(call, result)
 

@@ -222,15 +222,14 @@ def sweep_temp_files(directory: Path | str, older_than_s: float = 3600.0, now: f
             continue
         removed.append(candidate)
     return removed
-    for root, _dirs, files in os.walk(directory):
-        for name in files:
-            if not is_temp_name(name):
-                continue
-            candidate = Path(root) / name
-            try:
-                if now - candidate.stat().st_mtime >= older_than_s:
-                    candidate.unlink()
-                    removed.append(candidate)
-            except OSError:
-                continue
-    return removed
+
+
+def json_files(directory: Path | str) -> list[Path]:
+    """The JSON documents in `directory`, sorted by name: no temp files of crashed writers, no hidden
+    files; [] when the directory does not exist."""
+    directory = Path(directory)
+    try:
+        names = sorted(os.listdir(directory))
+    except FileNotFoundError:
+        return []
+    return [directory / n for n in names if n.endswith(".json") and not is_temp_name(n) and not n.startswith(".")]

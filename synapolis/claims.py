@@ -11,7 +11,7 @@ import threading
 import time
 from datetime import datetime, timedelta
 
-from .atomic import append_jsonl, atomic_write_json, is_temp_name, read_json
+from .atomic import append_jsonl, atomic_write_json, json_files, read_json, read_json_or
 from .errors import (BusyError, ConflictError, ForbiddenError, InternalError, NotFoundError, StaleToken,
                      SynapolisError, UsageError)
 from .names import validate_agent_id, validate_claim_item, validate_session_id
@@ -517,11 +517,20 @@ def check(ws, item: str, token, now: datetime | None = None) -> dict:
 
 def _claim_files(ws):
     try:
-        names = sorted(p.name for p in ws.paths.claims.iterdir())
-    except (FileNotFoundError, NotADirectoryError):
+        return json_files(ws.paths.claims)
+    except NotADirectoryError:
         return []
-    return [ws.paths.claims / n for n in names
-            if n.endswith(".json") and not is_temp_name(n) and not n.startswith(".")]
+
+
+def held_items(ws, now: datetime | None = None) -> dict[str, list[str]]:
+    """{agent_id: [items it holds now]} (unreleased, unexpired leases), for the monitor document."""
+    now = _moment(now)
+    held: dict[str, list[str]] = {}
+    for path in _claim_files(ws):
+        doc = read_json_or(path)
+        if _is_record(doc) and claim_state(doc, now) == "held":
+            held.setdefault(doc["claimed_by"], []).append(doc["item"])
+    return {agent: sorted(items) for agent, items in held.items()}
 
 
 def list_claims(ws, now: datetime | None = None) -> list[dict]:

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import copy
-import shlex
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from .atomic import atomic_write_json, read_json
@@ -23,6 +20,12 @@ DEFAULTS: dict = {
     "require_run_token": False,
     "escalation": {"notify_cmd": None, "repeat_after_s": 86400, "notify_timeout_s": 10},
 }
+
+
+def defaults() -> dict:
+    """A fresh copy of DEFAULTS (one nested object, so no need to load `copy` for a deep copy)."""
+    return {**DEFAULTS, "escalation": dict(DEFAULTS["escalation"])}
+
 
 _DURATIONS = ("stale_after_s", "dead_after_s", "clock_skew_s", "claim_ttl_s", "redeliver_after_s")
 _POSITIVE_INTS = ("rate_limit_per_min", "max_content_bytes", "monitor_keep", "busy_timeout_ms")
@@ -67,13 +70,26 @@ def check_config(document) -> list[str]:
     return problems
 
 
-@dataclass(frozen=True)
 class Config:
     """The effective configuration: defaults overlaid with the file's values."""
 
-    values: dict = field(default_factory=lambda: copy.deepcopy(DEFAULTS))
+    # a plain class, not a dataclass: building one at import costs start-up time on every CLI call
+    __slots__ = ("values",)
+
+    def __init__(self, values: dict | None = None):
+        self.values = defaults() if values is None else values
+
+    def __repr__(self) -> str:
+        return f"Config(values={self.values!r})"
+
+    def __eq__(self, other) -> bool:
+        return type(other) is type(self) and other.values == self.values
+
+    __hash__ = None  # like the frozen dataclass it was: `values` is a dict
 
     def __getattr__(self, name):
+        if name == "values":  # not set yet (copy, unpickling): no recursion through self.values
+            raise AttributeError(name)
         try:
             return self.values[name]
         except KeyError:
@@ -84,7 +100,11 @@ class Config:
         cmd = self.values["escalation"].get("notify_cmd")
         if cmd is None:
             return None
-        return shlex.split(cmd) if isinstance(cmd, str) else list(cmd)
+        if isinstance(cmd, str):
+            import shlex  # only the escalation writer asks; not worth loading on every CLI call
+
+            return shlex.split(cmd)
+        return list(cmd)
 
     @property
     def repeat_after_s(self) -> float:
@@ -100,7 +120,7 @@ class Config:
 
 
 def merge_defaults(document: dict) -> dict:
-    values = copy.deepcopy(DEFAULTS)
+    values = defaults()
     for key, value in document.items():
         if key == "escalation" and isinstance(value, dict):
             values["escalation"].update(value)
@@ -126,7 +146,7 @@ def load_config(path: Path) -> Config:
 
 
 def default_config_document() -> dict:
-    document = copy.deepcopy(DEFAULTS)
+    document = defaults()
     document.pop("escalation")
     document["escalation"] = {"notify_cmd": None, "repeat_after_s": 86400}
     return document

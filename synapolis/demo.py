@@ -21,7 +21,9 @@ import threading
 import time
 from pathlib import Path
 
+from .atomic import atomic_write_json, read_jsonl
 from .errors import InternalError, SynapolisError
+from .paths import CONFIG_NAME
 
 # seconds instead of the default minutes: the dead agent is dead after a short, real wait
 DEMO_CONFIG = {"stale_after_s": 2.5, "dead_after_s": 5, "rate_limit_per_min": 600, "claim_ttl_s": 600}
@@ -113,7 +115,7 @@ def run_demo(keep: bool = False, agents: int = 3, narrate=print, state_dir: Path
 
     try:
         state.mkdir(parents=True)
-        (state / "synapolis.json").write_text(json.dumps(DEMO_CONFIG, indent=2) + "\n", "utf-8")
+        atomic_write_json(state / CONFIG_NAME, DEMO_CONFIG)
         say(f"A state directory at {state}, with thresholds in seconds for the demo "
             f"(stale after {DEMO_CONFIG['stale_after_s']}s, dead after {DEMO_CONFIG['dead_after_s']}s).")
 
@@ -205,7 +207,7 @@ def run_demo(keep: bool = False, agents: int = 3, narrate=print, state_dir: Path
         if outcomes[-1] != "consolidated":
             raise InternalError("the last agent did not consolidate")
         ledger = state / "memory" / "ledger.jsonl"
-        lines = [json.loads(line) for line in ledger.read_text("utf-8").splitlines() if line.strip()]
+        lines = read_jsonl(ledger)
         facts["ledger_lines"] = len(lines)
         for entry in lines:
             narrate(f"        ledger: {entry.get('text')!r} from {', '.join(entry.get('sources') or [])}")

@@ -264,7 +264,7 @@ def _load_toml(path: Path):
 def check_harness(project: Path, harness: str) -> list[dict]:
     spec = hook_install.harness_spec(harness)
     check = f"harness:{harness}"
-    settings = project / spec.settings_path
+    settings = hook_install.settings_file(project, harness)
     install = f"synapolis hooks install {harness} --project-dir {project}"
     results = []
     try:
@@ -281,7 +281,7 @@ def check_harness(project: Path, harness: str) -> list[dict]:
         results.append(finding(check, FAIL, f"{settings} has no synapolis hook for {', '.join(missing)}", install))
     else:
         results.append(finding(check, OK, f"hooks for {', '.join(spec.events)} in {settings}"))
-    if harness == "gemini-cli" and isinstance(document.get("tools"), dict) and document["tools"].get("enableHooks") is False:
+    if hook_install.hooks_disabled(document, harness):
         results.append(finding(check, FAIL, f"{settings}: tools.enableHooks is false, so Gemini CLI runs no hooks",
                                "set \"tools\": {\"enableHooks\": true} in that file"))
     if harness == "codex":

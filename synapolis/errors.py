@@ -77,3 +77,10 @@ class StaleToken(ForbiddenError):
 class BusyError(SynapolisError, TimeoutError):
     exit_code = 8
     type_name = "BusyError"
+
+
+def internal_error(exc: BaseException) -> InternalError:
+    """An exception synapolis did not raise on purpose, as the one-line InternalError (exit 1) it reports."""
+    if isinstance(exc, OSError):
+        return InternalError(f"{exc.strerror or exc} ({getattr(exc, 'filename', '') or ''})".strip())
+    return InternalError(f"unexpected {type(exc).__name__}: {exc}")

@@ -10,7 +10,7 @@ import signal
 import subprocess
 from datetime import datetime
 
-from .atomic import append_jsonl, is_temp_name, locked, read_json, read_json_or, read_jsonl, atomic_write_json
+from .atomic import append_jsonl, atomic_write_json, json_files, locked, read_json, read_json_or, read_jsonl
 from .errors import InternalError, NotFoundError, UsageError
 from .names import validate_agent_id
 from .status import FAILING
@@ -211,16 +211,10 @@ def _kill_group(proc: subprocess.Popen) -> None:
 def load_incidents(paths) -> dict:
     """The current incident of every key: {key name: incident}; broken files are skipped."""
     found = {}
-    try:
-        names = os.listdir(paths.escalations)
-    except FileNotFoundError:
-        return found
-    for name in sorted(names):
-        if not name.endswith(".json") or is_temp_name(name) or name.startswith("."):
-            continue
-        incident = read_json_or(paths.escalations / name)
+    for path in json_files(paths.escalations):
+        incident = read_json_or(path)
         if isinstance(incident, dict) and isinstance(incident.get("id"), str):
-            found[name[:-5]] = incident
+            found[path.name[:-5]] = incident
     return found
 
 

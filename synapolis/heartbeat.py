@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 from .atomic import atomic_write_json, is_temp_name, locked, read_json
@@ -105,15 +104,18 @@ def schema_errors(doc) -> list[dict]:
     return validation_errors("heartbeat", doc)
 
 
-@dataclass
 class HeartbeatRead:
     """One heartbeat file as a reader finds it: the document, or why there is none."""
 
-    agent_id: str
-    path: Path
-    doc: dict | None
-    errors: list  # [{pointer, message}]
-    mtime: float | None = None
+    # a plain class, not a dataclass: building one at import costs start-up time on every CLI call
+    __slots__ = ("agent_id", "path", "doc", "errors", "mtime")
+
+    def __init__(self, agent_id: str, path: Path, doc: dict | None, errors: list, mtime: float | None = None):
+        self.agent_id, self.path, self.doc, self.mtime = agent_id, path, doc, mtime
+        self.errors = errors  # [{pointer, message}]
+
+    def __repr__(self) -> str:
+        return f"HeartbeatRead({', '.join(f'{k}={getattr(self, k)!r}' for k in self.__slots__)})"
 
     @property
     def valid(self) -> bool:

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .atomic import atomic_write_bytes
+from .atomic import atomic_write_json
 from .errors import UsageError
 
 
@@ -177,9 +177,15 @@ def merge_uninstall(document: dict, harness: str, path: Path = Path("settings.js
     return result, removed
 
 
+def hooks_disabled(document: dict, harness: str) -> bool:
+    """True when the settings turn every hook off (Gemini CLI's `tools.enableHooks: false`)."""
+    return harness == "gemini-cli" and isinstance(document.get("tools"), dict) \
+        and document["tools"].get("enableHooks") is False
+
+
 def _write(path: Path, document: dict) -> None:
     try:
-        atomic_write_bytes(path, (json.dumps(document, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
+        atomic_write_json(path, document)
     except OSError as exc:
         raise UsageError(f"cannot write {path}: {exc.strerror}") from None
 
@@ -193,7 +199,7 @@ def install(harness: str, project_dir: Path | str = ".") -> dict:
     if added:
         _write(path, merged)
     notes = []
-    if harness == "gemini-cli" and isinstance(merged.get("tools"), dict) and merged["tools"].get("enableHooks") is False:
+    if hooks_disabled(merged, harness):
         notes.append("tools.enableHooks is false in this file: Gemini CLI will not run any hook until it is true")
     return {"harness": harness, "settings_file": str(path.absolute()), "command": hook_command(harness),
             "events": list(spec.events), "added": added, "changed": bool(added), "notes": notes}

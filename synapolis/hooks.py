@@ -223,15 +223,15 @@ def _register(ws, harness, agent_id, conversation, event, env, state, problems) 
 
 
 def _session_active(ws, session_id) -> bool:
-    from .atomic import read_json_or
+    from .errors import SynapolisError
+    from .sessions import read_session
 
     if not session_id:
         return False
     try:
-        document = read_json_or(ws.paths.session_json(session_id), {})
-    except ValueError:  # a malformed name in a hand-edited hooks/ file
+        return read_session(ws, session_id).get("status") == "active"
+    except (SynapolisError, ValueError):  # no such session, a broken session.json, a malformed name
         return False
-    return isinstance(document, dict) and document.get("status") == "active"
 
 
 def _env_without_identity(env) -> dict:

@@ -27,7 +27,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from . import mcp_watch
-from .errors import InternalError, NotFoundError, SynapolisError, UsageError
+from .errors import NotFoundError, SynapolisError, UsageError, internal_error
 from .workspace import Workspace
 
 log = logging.getLogger(__name__)
@@ -139,11 +139,7 @@ def as_synapolis_error(exc: BaseException, tool: str) -> SynapolisError:
         if cause is None and str(exc).startswith("Unknown tool"):
             return UsageError(f"unknown tool {tool!r}: tools/list names the tools")
         return UsageError(str(exc) if cause is None else f"{tool}: {cause}")
-    if isinstance(cause, OSError):
-        return InternalError(f"{cause.strerror or cause} ({getattr(cause, 'filename', '') or ''})".strip())
-    if cause is not None:
-        return InternalError(f"unexpected {type(cause).__name__}: {cause}")
-    return InternalError(f"unexpected {type(exc).__name__}: {exc}")
+    return internal_error(exc if cause is None else cause)
 
 
 def _compact_schema(node, collapse_optional: bool):

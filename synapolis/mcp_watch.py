@@ -19,6 +19,7 @@ from typing import Callable
 
 from .errors import NotFoundError, UsageError
 from .names import validate_agent_id, validate_session_id
+from .watching import event_handler, event_paths, start_observer, stop_observer
 
 log = logging.getLogger(__name__)
 
@@ -154,27 +155,6 @@ def current_value(ws, uri: str) -> int:
     return inbox_sequence(ws, session_id, agent_id)
 
 
-def start_observer(handler, folder, *, recursive: bool = False, force_polling: bool = False,
-                   poll_interval_s: float = 0.25):
-    """A started watchdog observer of `folder`: native (inotify) where the system allows, else polling."""
-    from watchdog.observers.polling import PollingObserver
-
-    if not force_polling:
-        from watchdog.observers import Observer
-
-        observer = Observer()
-        try:
-            observer.schedule(handler, str(folder), recursive=recursive)
-            observer.start()
-            return observer
-        except OSError as exc:  # inotify limits reached, or no inotify on this filesystem
-            log.warning("synapolis: native file watching unavailable (%s); polling %s instead", exc, folder)
-    observer = PollingObserver(timeout=poll_interval_s)
-    observer.schedule(handler, str(folder), recursive=recursive)
-    observer.start()
-    return observer
-
-
 class SessionWatcher:
     """Watches `state/sessions/` with watchdog and calls `notify(uris)` for subscribed URIs that have news.
 
@@ -219,26 +199,17 @@ class SessionWatcher:
         if len(parts) == 2 and parts[1] in _INTERESTING:
             self.mark_dirty(parts[0])
 
-    def _handler(self):
-        from watchdog.events import FileSystemEventHandler
-
-        watcher = self
-
-        class Handler(FileSystemEventHandler):
-            def on_any_event(self, event):
-                if event.event_type in ("opened", "closed_no_write"):
-                    return  # reads, including our own, change nothing
-                watcher._on_path(os.fsdecode(event.src_path))
-                if getattr(event, "dest_path", ""):
-                    watcher._on_path(os.fsdecode(event.dest_path))
-
-        return Handler()
+    def _on_event(self, event) -> None:
+        if event.event_type in ("opened", "closed_no_write"):
+            return  # reads, including our own, change nothing
+        for path in event_paths(event):
+            self._on_path(path)
 
     def _start_observer(self) -> None:
         folder = self.ws.paths.sessions
         folder.mkdir(parents=True, exist_ok=True)
-        self._observer = start_observer(self._handler(), folder, recursive=True, force_polling=self.force_polling,
-                                        poll_interval_s=self.poll_interval_s)
+        self._observer = start_observer(event_handler(self._on_event), folder, recursive=True,
+                                        force_polling=self.force_polling, poll_interval_s=self.poll_interval_s, log=log)
         self.observer_kind = type(self._observer).__name__
 
     # -- the checker side --------------------------------------------------------------------------
@@ -319,7 +290,6 @@ class SessionWatcher:
             self._stopping = True
             self._cond.notify_all()
         if self._observer is not None:
-            self._observer.stop()
-            self._observer.join(timeout)
+            stop_observer(self._observer, timeout)
         if self._thread is not None:
             self._thread.join(timeout)

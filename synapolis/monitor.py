@@ -32,12 +32,15 @@ def _previous_agents(previous_doc) -> dict:
             if isinstance(a, dict) and isinstance(a.get("agent_id"), str)}
 
 
-def derive_monitor(reads, previous_doc, now: datetime, config) -> dict:
+def derive_monitor(reads, previous_doc, now: datetime, config, held: dict | None = None) -> dict:
     """The monitor document for heartbeat `reads` (HeartbeatRead) at `now`; pure.
 
     `previous_doc` is the last monitor document (or None): it carries `since` while an agent's
     effective status is unchanged, and `seq_first_seen_at` for judging agents whose clocks run ahead.
+    `held` ({agent_id: [items]}) adds each agent's live claims as `claims`, so the document shows
+    who holds what.
     """
+    held = held or {}
     thresholds = dict(config.thresholds)
     generated_at = format_ts(now)
     before = _previous_agents(previous_doc)
@@ -64,6 +67,7 @@ def derive_monitor(reads, previous_doc, now: datetime, config) -> dict:
             "task": doc.get("task"),
             "errors": list(read.errors[:MAX_ERRORS_PER_AGENT]),
             "anomalies": list(verdict.anomalies),
+            "claims": list(held.get(read.agent_id, ())),
         })
         counts[status] += 1
         was = prev.get("effective_status") if prev else None
@@ -167,7 +171,9 @@ def run_monitor(ws, now: datetime | None = None, keep: int | None = None, rotate
         reads = read_all_heartbeats(paths)
     with locked(paths.lock("monitor")):
         previous = read_json_or(paths.monitor)
-        document = derive_monitor(reads, previous, now, ws.config)
+        from .claims import held_items
+
+        document = derive_monitor(reads, previous, now, ws.config, held_items(ws, now))
         if rotate:
             rotate_into_history(paths.monitor, paths.monitor_history, previous)
         if len(document["agents"]) <= INDENT_UP_TO:
@@ -192,24 +198,20 @@ def watch_monitor(ws, on_pass, stop: threading.Event | None = None, keep: int | 
 
     `on_pass(document)` is called after each pass. Returns the number of passes.
     """
-    from watchdog.events import FileSystemEventHandler
-    from watchdog.observers import Observer
+    from .watching import event_handler, event_paths, start_observer, stop_observer
 
     stop = stop or threading.Event()
     changed = threading.Event()
     interval = _watch_interval(ws.config) if interval is None else interval
 
-    class _Handler(FileSystemEventHandler):
-        def on_any_event(self, event):
-            for raw in (getattr(event, "src_path", ""), getattr(event, "dest_path", "")):
-                name = os.path.basename(os.fsdecode(raw or ""))
-                if name.endswith(".json") and not is_temp_name(name):
-                    changed.set()
+    def on_event(event):
+        for path in event_paths(event):
+            name = os.path.basename(path)
+            if name.endswith(".json") and not is_temp_name(name):
+                changed.set()
 
     ws.paths.heartbeats.mkdir(parents=True, exist_ok=True)
-    observer = Observer()
-    observer.schedule(_Handler(), str(ws.paths.heartbeats), recursive=False)
-    observer.start()
+    observer = start_observer(event_handler(on_event), ws.paths.heartbeats, poll_interval_s=0.5)
     passes = 0
     try:
         while not stop.is_set():
@@ -225,6 +227,5 @@ def watch_monitor(ws, on_pass, stop: threading.Event | None = None, keep: int | 
                     stop.wait(settle_s)  # let a burst of beats land in one pass
                     break
     finally:
-        observer.stop()
-        observer.join(timeout=5)
+        stop_observer(observer, timeout=5)
     return passes

@@ -46,24 +46,13 @@ def _heartbeat_agents(ws, now: datetime) -> dict:
 def _sessions(ws, agents: dict, now: datetime) -> list[dict]:
     """Active sessions with their registered agents; unread counts land on the agent entries."""
     from . import sessions, signals
-    from .errors import SynapolisError
-    from .store import SessionStore
 
     found = []
-    for session_id in sessions.active_sessions(ws):
-        try:
-            store = SessionStore.open(ws, session_id)
-        except SynapolisError:
-            continue
-        try:
-            with store.read() as conn:
-                rows = conn.execute("SELECT id, harness, substrate, status, last_heartbeat FROM agents "
-                                    "ORDER BY id").fetchall()
-                unread = {r["id"]: len(signals.unread(conn, r["id"])) for r in rows}
-        except SynapolisError:
-            continue
-        finally:
-            store.close()
+    # a session whose store is damaged or locked is left out: the rest of the screen still shows
+    for session_id, conn in sessions.each_store(ws, sessions.active_sessions(ws), skip_broken=True):
+        rows = conn.execute("SELECT id, harness, substrate, status, last_heartbeat FROM agents "
+                            "ORDER BY id").fetchall()
+        unread = {r["id"]: len(signals.unread(conn, r["id"])) for r in rows}
         for row in rows:
             entry = agents.get(row["id"])
             if entry is None:  # registered, but its heartbeat file is gone
@@ -249,32 +238,22 @@ def watch(ws, redraw, stop: threading.Event | None = None, refresh_s: float = 5.
     one redraw. Reading a session database may itself touch its files, so only writes that matter
     count: JSON documents and the WAL of a session (a new signal), never deletions or lock files.
     """
-    from watchdog.events import FileSystemEventHandler
-    from watchdog.observers import Observer
-    from watchdog.observers.polling import PollingObserver
+    from .watching import event_handler, start_observer, stop_observer
 
     stop = stop or threading.Event()
     changed = threading.Event()
 
-    class Handler(FileSystemEventHandler):
-        def on_any_event(self, event):
-            if event.is_directory or event.event_type not in ("created", "modified", "moved"):
-                return
-            path = getattr(event, "dest_path", None) or event.src_path
-            if _relevant(str(path)):
-                changed.set()
+    def on_event(event):
+        if event.is_directory or event.event_type not in ("created", "modified", "moved"):
+            return
+        path = getattr(event, "dest_path", None) or event.src_path
+        if _relevant(str(path)):
+            changed.set()
 
+    handler = event_handler(on_event)
     root = ws.root
     watched = root if root.is_dir() else next((p for p in root.parents if p.is_dir()), root)
-    observer = None
-    for make in (Observer, lambda: PollingObserver(timeout=1.0)):
-        try:
-            observer = make()
-            observer.schedule(Handler(), str(watched), recursive=watched == root)
-            observer.start()
-            break
-        except OSError:  # no inotify instance left (or none at all): poll the tree instead
-            continue
+    observer = start_observer(handler, watched, recursive=watched == root, poll_interval_s=1.0)
     try:
         redraw()
         while not stop.is_set():
@@ -286,11 +265,10 @@ def watch(ws, redraw, stop: threading.Event | None = None, refresh_s: float = 5.
             changed.clear()
             if watched != root and root.is_dir():
                 observer.unschedule_all()
-                observer.schedule(Handler(), str(root), recursive=True)
+                observer.schedule(handler, str(root), recursive=True)
                 watched = root
             redraw()
     except KeyboardInterrupt:
         pass
     finally:
-        observer.stop()
-        observer.join(timeout=2)
+        stop_observer(observer, timeout=2)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from .names import validate_agent_id, validate_session_id
@@ -27,11 +26,23 @@ def find_state_dir(explicit: str | os.PathLike | None = None, env=None, cwd: str
     return here / "state"
 
 
-@dataclass(frozen=True)
 class StatePaths:
     """Every path inside one state directory; names are validated before they become paths."""
 
-    root: Path
+    # a plain class, not a dataclass: building one at import costs start-up time on every CLI call
+    __slots__ = ("root",)
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def __repr__(self) -> str:
+        return f"StatePaths(root={self.root!r})"
+
+    def __eq__(self, other) -> bool:
+        return type(other) is type(self) and other.root == self.root
+
+    def __hash__(self) -> int:
+        return hash(self.root)
 
     @property
     def config(self) -> Path:

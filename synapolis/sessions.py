@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from .atomic import atomic_write_json, locked, read_json
-from .errors import NotFoundError, UsageError
+from .errors import NotFoundError, SynapolisError, UsageError
 from .names import generate_session_id, validate_session_id
 from .store import SessionStore
 from .timeutil import format_ts, utcnow
@@ -113,17 +113,23 @@ def agent_row(conn, agent_id: str):
     return conn.execute("SELECT * FROM agents WHERE id = ?", (agent_id,)).fetchone()
 
 
-def each_store(ws, session_ids, write: bool = False):
+def each_store(ws, session_ids, write: bool = False, skip_broken: bool = False):
     """Yield (session_id, conn) for each of `session_ids` that has a store, inside a read (or write)
-    transaction that ends when the consumer moves on; missing stores are skipped."""
+    transaction that ends when the consumer moves on; missing stores are skipped, and with
+    `skip_broken` (for readers that show what they can) so are stores that cannot be opened or read."""
     for session_id in session_ids:
         try:
             store = SessionStore.open(ws, session_id)
-        except NotFoundError:
-            continue
+        except SynapolisError as exc:
+            if skip_broken or isinstance(exc, NotFoundError):
+                continue
+            raise
         try:
             with (store.write() if write else store.read()) as conn:
                 yield session_id, conn
+        except SynapolisError:
+            if not skip_broken:
+                raise
         finally:
             store.close()
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from datetime import datetime
 
 from .timeutil import format_ts, parse_ts
@@ -14,12 +13,19 @@ FAILING = frozenset({"stale", "dead", "invalid"})
 CLAIMABLE_FROM = frozenset({"stale", "dead", "stopped", "invalid", "missing"})
 
 
-@dataclass
 class Verdict:
-    effective_status: str
-    age_s: float | None = None
-    seq_first_seen_at: str | None = None
-    anomalies: list = field(default_factory=list)
+    """What one heartbeat means at `now`: effective status, age, when its seq was first seen, anomalies."""
+
+    # a plain class, not a dataclass: building one at import costs start-up time on every CLI call
+    __slots__ = ("effective_status", "age_s", "seq_first_seen_at", "anomalies")
+
+    def __init__(self, effective_status: str, age_s: float | None = None, seq_first_seen_at: str | None = None,
+                 anomalies: list | None = None):
+        self.effective_status, self.age_s, self.seq_first_seen_at = effective_status, age_s, seq_first_seen_at
+        self.anomalies = [] if anomalies is None else anomalies
+
+    def __repr__(self) -> str:
+        return f"Verdict({', '.join(f'{k}={getattr(self, k)!r}' for k in self.__slots__)})"
 
 
 def effective_status(doc: dict | None, now: datetime, *, stale_after_s: float, dead_after_s: float,

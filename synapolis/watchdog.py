@@ -17,17 +17,11 @@ def _flag_stale_sessions(ws, now: datetime) -> list:
     return flag_stale(ws, now=now)
 
 
-def _reap_claims(ws, now: datetime):
-    """Expired or orphaned claims released by `synapolis.claims.reap`; None while that module does not exist."""
-    import importlib
+def _reap_claims(ws, now: datetime) -> list:
+    """Claims whose lease expired or whose holder is dead, released (an event each)."""
+    from .claims import reap
 
-    try:
-        claims = importlib.import_module(f"{__package__}.claims")
-    except ModuleNotFoundError as exc:
-        if exc.name == f"{__package__}.claims":
-            return None
-        raise
-    return claims.reap(ws, now=now)
+    return reap(ws, now=now)
 
 
 def _validate(reads) -> dict:

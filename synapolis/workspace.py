@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from .config import Config, load_config, write_default_config
@@ -11,10 +10,23 @@ from .errors import UsageError
 from .paths import StatePaths, find_state_dir
 
 
-@dataclass
 class Workspace:
-    paths: StatePaths
-    config: Config
+    """One state directory opened: `paths` (every file name) and `config` (synapolis.json)."""
+
+    # a plain class, not a dataclass: building one at import costs start-up time on every CLI call
+    __slots__ = ("paths", "config")
+
+    def __init__(self, paths: StatePaths, config: Config):
+        self.paths = paths
+        self.config = config
+
+    def __repr__(self) -> str:
+        return f"Workspace(paths={self.paths!r}, config={self.config!r})"
+
+    def __eq__(self, other) -> bool:
+        return type(other) is type(self) and (other.paths, other.config) == (self.paths, self.config)
+
+    __hash__ = None  # mutable, like the dataclass it was
 
     @property
     def root(self) -> Path:

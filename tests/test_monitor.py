@@ -44,7 +44,7 @@ def test_document_shape_counts_and_order(ws, put_heartbeat):
     assert zed == {"agent_id": "zed", "effective_status": "idle", "declared_status": "idle", "beat_at": ago(10),
                    "seq": 1, "seq_first_seen_at": format_ts(NOW), "age_s": 10.0, "since": format_ts(NOW),
                    "harness": "test", "substrate": "s", "session_id": "sess1", "task": "t", "errors": [],
-                   "anomalies": []}
+                   "anomalies": [], "claims": []}
     bad = agents_by_id(doc)["bad"]
     assert bad["effective_status"] == "invalid" and bad["declared_status"] is None and bad["age_s"] is None
     assert bad["errors"] and "not valid JSON" in bad["errors"][0]["message"]

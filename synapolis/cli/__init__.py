@@ -1,19 +1,17 @@
-"""The command line: the `synapolis` group, shared options, output and the one place errors become exits.
+"""The command line: `main`, the `synapolis` group with lazy command loading, and the one place errors become exits.
 
-Commands live in the modules of this package and are imported only when invoked, because hooks call
-the CLI on every tool call and its start-up cost matters.
+Hooks call the CLI on every tool call of every agent, so start-up cost matters twice over here:
+commands live in the modules of this package and are imported only when invoked, and click itself
+(most of the cost of a bare `python -c "import click"`) is imported only when a verb needs it. A
+hook does not: `main` hands `[--state-dir DIR] hook HARNESS` straight to `synapolis.hooks`.
 """
 
 from __future__ import annotations
 
-import importlib
-import json
 import os
 import sys
 
-import click
-
-from ..errors import InternalError, SynapolisError, UsageError
+from ..errors import SynapolisError, UsageError, internal_error
 
 # verb -> "module:attribute" inside synapolis.cli; imported lazily
 COMMANDS: dict[str, str] = {
@@ -47,35 +45,24 @@ COMMANDS: dict[str, str] = {
 }
 
 
-class LazyGroup(click.Group):
-    """A group that imports a command's module only when that command runs (or help lists it)."""
-
-    def list_commands(self, ctx):
-        return sorted(set(super().list_commands(ctx)) | set(COMMANDS))
-
-    def get_command(self, ctx, name):
-        if name in COMMANDS:
-            module_name, attr = COMMANDS[name].split(":")
-            module = importlib.import_module(f"{__name__}.{module_name}")
-            return getattr(module, attr)
-        return super().get_command(ctx, name)
-
-    def invoke(self, ctx):
-        return run_guarded(lambda: super(LazyGroup, self).invoke(ctx), ctx)
-
-
 def _wants_json(args) -> bool:
     return "--json" in args
 
 
 def report_error(error: SynapolisError, as_json: bool) -> None:
+    import click
+
     if as_json:
+        import json
+
         click.echo(json.dumps(error.to_json()))
     click.echo(f"synapolis: {error.type_name}: {error.message}", err=True)
 
 
 def run_guarded(call, ctx=None):
     """Run `call`, turning every failure into a one-line error and the contract's exit code."""
+    import click
+
     as_json = _wants_json(sys.argv[1:])
     try:
         return call()
@@ -94,35 +81,129 @@ def run_guarded(call, ctx=None):
     except BrokenPipeError:
         sys.exit(0)
     except OSError as exc:
-        report_error(InternalError(f"{exc.strerror or exc} ({getattr(exc, 'filename', '') or ''})".strip()), as_json)
+        report_error(internal_error(exc), as_json)
         sys.exit(1)
     except Exception as exc:  # noqa: BLE001 - the contract: no traceback reaches a user
         if os.environ.get("SYNAPOLIS_DEBUG"):
             raise
-        report_error(InternalError(f"unexpected {type(exc).__name__}: {exc}"), as_json)
+        report_error(internal_error(exc), as_json)
         sys.exit(1)
 
 
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--state-dir", type=click.Path(file_okay=False), default=None,
-              help="The state directory (else $SYNAPOLIS_STATE_DIR, the nearest state/, ./state).")
-@click.version_option(package_name="synapolis", prog_name="synapolis")
-@click.pass_context
-def cli(ctx, state_dir):
-    """synapolis: heartbeats, signals, claims and consensus sleep for AI coding agents.
+def _build():
+    """Define the click group (`cli`, class `LazyGroup`) on first use; importing this package must not
+    import click, or every hook would pay for it."""
+    import importlib
 
-    Example: synapolis --state-dir /tmp/state beat --agent-id alice --task "review PR 12"
-    """
-    ctx.ensure_object(dict)
-    ctx.obj["state_dir"] = state_dir
+    import click
 
+    if "cli" in globals():
+        return globals()["cli"]
+
+    class LazyGroup(click.Group):
+        """A group that imports a command's module only when that command runs (or help lists it)."""
+
+        def list_commands(self, ctx):
+            return sorted(set(super().list_commands(ctx)) | set(COMMANDS))
+
+        def get_command(self, ctx, name):
+            if name in COMMANDS:
+                module_name, attr = COMMANDS[name].split(":")
+                module = importlib.import_module(f"{__name__}.{module_name}")
+                return getattr(module, attr)
+            return super().get_command(ctx, name)
+
+        def invoke(self, ctx):
+            return run_guarded(lambda: super(LazyGroup, self).invoke(ctx), ctx)
+
+    @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+    @click.option("--state-dir", type=click.Path(file_okay=False), default=None,
+                  help="The state directory (else $SYNAPOLIS_STATE_DIR, the nearest state/, ./state).")
+    @click.version_option(package_name="synapolis", prog_name="synapolis")
+    @click.pass_context
+    def cli(ctx, state_dir):
+        """synapolis: heartbeats, signals, claims and consensus sleep for AI coding agents.
+
+        Example: synapolis --state-dir /tmp/state beat --agent-id alice --task "review PR 12"
+        """
+        ctx.ensure_object(dict)
+        ctx.obj["state_dir"] = state_dir
+
+    globals().update(cli=cli, LazyGroup=LazyGroup)
+    return cli
+
+
+def __getattr__(name):
+    # `from synapolis.cli import cli` keeps working: the group is built when someone asks for it
+    if name in ("cli", "LazyGroup"):
+        _build()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# -- the hook, without click ----------------------------------------------------------------------
+
+def _hook_call(args) -> tuple[str | None, str] | None:
+    """(state dir, harness) when `args` is exactly `[--state-dir DIR] hook HARNESS`; else None (click's turn:
+    help, a missing or extra argument, anything unusual gets click's parsing and messages)."""
+    state_dir = None
+    if args[:1] == ["--state-dir"] and len(args) > 1:
+        state_dir, args = args[1], args[2:]
+    elif args[:1] and args[0].startswith("--state-dir="):
+        state_dir, args = args[0].partition("=")[2], args[1:]
+    if len(args) == 2 and args[0] == "hook" and not args[1].startswith("-"):
+        return state_dir, args[1]
+    return None
+
+
+def run_hook(harness: str, state_dir=None) -> None:
+    """`synapolis hook HARNESS`: one event from stdin, the harness's answer on stdout, problems on stderr."""
+    from ..hooks import MAX_INPUT_BYTES, run_bounded
+
+    def read_input():
+        if sys.stdin is None or sys.stdin.isatty():
+            return b""
+        return sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
+
+    def write(stream):
+        # bytes, in UTF-8 whatever the locale says: the harness parses JSON, and a signal's text
+        # must not make the hook fail on an ASCII-only terminal encoding
+        def _write(text):
+            stream.buffer.write(text.encode("utf-8", "replace"))
+            stream.flush()
+        return _write
+
+    run_bounded(harness, read_input, write(sys.stdout), write(sys.stderr), state_dir=state_dir)
+
+
+def _hook_main(state_dir, harness) -> None:
+    """A hook never breaks the harness (contract §11): whatever happens, exit 0."""
+    try:
+        run_hook(harness, state_dir)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 - run_bounded answers for everything it can; this is the rest
+        try:
+            sys.stderr.write(f"synapolis hook {harness}: {internal_error(exc).message}\n")
+        except (OSError, ValueError, AttributeError):
+            pass
+    sys.exit(0)
+
+
+# -- entry points ---------------------------------------------------------------------------------
 
 def main(argv=None):
     """Console entry point for `synapolis`."""
-    args = sys.argv[1:] if argv is None else argv
+    args = sys.argv[1:] if argv is None else list(argv)
+    hook = _hook_call(args)
+    if hook is not None:
+        _hook_main(*hook)
+    import click
+
+    group = _build()
     try:
         # with standalone_mode=False click returns the code of a raised Exit instead of exiting
-        rc = cli.main(args=args, prog_name="synapolis", standalone_mode=False)
+        rc = group.main(args=args, prog_name="synapolis", standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.exceptions.Abort:
@@ -136,6 +217,8 @@ def main(argv=None):
 
 def validate_heartbeat_main(argv=None):
     """Console entry point for `validate-heartbeat`."""
+    import click
+
     from .core_cmds import validate_heartbeat_cmd
 
     args = sys.argv[1:] if argv is None else argv

@@ -6,32 +6,24 @@ import click
 
 from .. import actions
 from .. import claims as cl
-from ..identity import Who
-from ..timeutil import humanize_age, parse_ts, utcnow
-from .common import emit, identity_options, json_option, pass_workspace, table
-from .signal_cmds import with_pending
-
-
-def _age(ts, now) -> str:
-    if not ts:
-        return "-"
-    return humanize_age((now - parse_ts(ts)).total_seconds())
+from ..timeutil import utcnow
+from .common import agent_options, ago, emit, json_option, pass_workspace, table, with_pending
 
 
 def _claim_text(data) -> str:
-    record, event, now = data["claim"], data["event"], utcnow()
+    record, event = data["claim"], data["event"]
     verb = {"claimed": "claimed", "renewed": "renewed", "taken_over": "took over"}.get(event, event)
     line = f"{verb} {record['item']}"
     if event == "taken_over":
         prev = record["taken_over_from"]
         line += f" from {prev['agent_id']} ({prev['reason']})"
-    return f"{line}  token {record['token']}  expires {_age(record['expires_at'], now)} ({record['expires_at']})"
+    return f"{line}  token {record['token']}  expires {ago(record['expires_at'])} ({record['expires_at']})"
 
 
 def _release_text(data) -> str:
     record, event = data["claim"], data["event"]
     if event is None:
-        return f"{record['item']} was already released {_age(record['released_at'], utcnow())}"
+        return f"{record['item']} was already released {ago(record['released_at'])}"
     if event == "force_released":
         return (f"force-released {record['item']} from {record['claimed_by']} (token {record['token']}): "
                 f"{record['release_reason']}")
@@ -42,17 +34,16 @@ def _release_text(data) -> str:
 @click.argument("item")
 @click.option("--ttl", type=float, default=None, help="Lease length in seconds (default: claim_ttl_s, 3600).")
 @click.option("--wait", type=float, default=0.0, help="Wait up to this many seconds while a live other holds it.")
-@identity_options
+@agent_options
 @pass_workspace(create=False)
-def claim_cmd(ws, item, ttl, wait, agent_id, session_id, run_token, no_piggyback, as_json):
+def claim_cmd(ws, item, ttl, wait, who, piggyback, as_json):
     """Claim ITEM for this agent (renew it if yours; take it over if its holder is gone).
 
     Exit 3 when a live agent holds it, naming the holder and expiry.
 
     Example: synapolis claim ticket:142 --agent-id alice --ttl 1800 --wait 30
     """
-    data = actions.claim(ws, Who(agent_id, session_id, run_token), item, ttl_s=ttl, wait_s=wait,
-                         piggyback=not no_piggyback)
+    data = actions.claim(ws, who, item, ttl_s=ttl, wait_s=wait, piggyback=piggyback)
     emit(as_json, data, lambda d: with_pending(_claim_text(d), d))
 
 
@@ -60,15 +51,14 @@ def claim_cmd(ws, item, ttl, wait, agent_id, session_id, run_token, no_piggyback
 @click.argument("item")
 @click.option("--force", is_flag=True, help="Release another agent's claim (needs --reason).")
 @click.option("--reason", default=None, help="Why; recorded in the claim and claims.jsonl.")
-@identity_options
+@agent_options
 @pass_workspace(create=False)
-def release_cmd(ws, item, force, reason, agent_id, session_id, run_token, no_piggyback, as_json):
+def release_cmd(ws, item, force, reason, who, piggyback, as_json):
     """Release ITEM; only its holder may, unless --force --reason TEXT.
 
     Example: synapolis release ticket:142 --agent-id alice
     """
-    data = actions.release(ws, Who(agent_id, session_id, run_token), item, force=force, reason=reason,
-                           piggyback=not no_piggyback)
+    data = actions.release(ws, who, item, force=force, reason=reason, piggyback=piggyback)
     emit(as_json, data, lambda d: with_pending(_release_text(d), d))
 
 
@@ -94,10 +84,10 @@ def claims_cmd(ws, only_held, as_json):
             if e["state"] == "invalid":
                 rows.append([e["file"], "invalid", "-", "-", "-", "-", e["error"]])
                 continue
-            until = (f"released {_age(e['released_at'], now)}" if e["state"] == "released"
-                     else f"{'expired' if e['state'] == 'expired' else 'expires'} {_age(e['expires_at'], now)}")
+            until = (f"released {ago(e['released_at'], now)}" if e["state"] == "released"
+                     else f"{'expired' if e['state'] == 'expired' else 'expires'} {ago(e['expires_at'], now)}")
             rows.append([e["item"], e["state"], e["claimed_by"], e["holder_status"] or "-", e["token"],
-                         _age(e["claimed_at"], now), until])
+                         ago(e["claimed_at"], now), until])
         return table(rows, ["ITEM", "STATE", "HOLDER", "HOLDER STATUS", "TOKEN", "CLAIMED", "LEASE"])
 
     emit(as_json, {"claims": entries}, text)
@@ -116,4 +106,4 @@ def claim_check_cmd(ws, item, token, as_json):
     record = cl.check(ws, item, token)
     emit(as_json, {"claim": record, "live": True},
          lambda d: f"ok: token {token} is live for {item} (held by {record['claimed_by']}, "
-                   f"expires {_age(record['expires_at'], utcnow())})")
+                   f"expires {ago(record['expires_at'])})")

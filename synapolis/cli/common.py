@@ -65,3 +65,56 @@ def table(rows: list[list[str]], headers: list[str]) -> str:
     cells = [headers] + [[("" if c is None else str(c)) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
+
+
+def agent_options(func):
+    """`identity_options` for a verb that acts as an agent, handing the command `who` (an identity.Who
+    of --agent-id, --session-id, --run-token) and `piggyback` (not --no-piggyback) instead of those four."""
+    @functools.wraps(func)
+    def wrapper(*args, agent_id, session_id, run_token, no_piggyback, **kwargs):
+        from ..identity import Who
+
+        return func(*args, who=Who(agent_id, session_id, run_token), piggyback=not no_piggyback, **kwargs)
+    return identity_options(wrapper)
+
+
+def ago(stamp, now=None) -> str:
+    """How long ago (or until) an RFC 3339 `stamp` is, for people: "4m ago", "in 2h"; "-" when missing or unreadable."""
+    from ..timeutil import humanize_age, parse_ts, utcnow
+
+    if not stamp:
+        return "-"
+    try:
+        return humanize_age(((now or utcnow()) - parse_ts(stamp)).total_seconds())
+    except (TypeError, ValueError):
+        return "-"
+
+
+def one_line(text, width: int = 100) -> str:
+    """`text` on one line (white space folded), cut to `width` characters with "..."."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def signal_line(s: dict) -> str:
+    """One signal as one line: sequence, id, age, sender -> recipient, type, flags, content."""
+    flags = []
+    if s.get("read"):
+        flags.append("read")
+    elif "read" in s:
+        flags.append("unread")
+    if s.get("reply_to"):
+        flags.append(f"re {s['reply_to'][:8]}")
+    extra = f" ({', '.join(flags)})" if flags else ""
+    return (f"#{s['sequence']:<5} {s['id'][:12]}  {ago(s['timestamp']):>8}  {s['sender']} -> {s['recipient']}  "
+            f"[{s['type']}]{extra}  {one_line(s['content'])}")
+
+
+def with_pending(lines, data: dict) -> list[str]:
+    """The verb's own text, then the signals this response delivered (contract §7)."""
+    lines = [lines] if isinstance(lines, str) else list(lines)
+    pending = data.get("pending_signals") or []
+    if pending:
+        lines.append(f"-- {len(pending)} pending signal(s), delivered now; ack with `synapolis ack-signals ID`:")
+        lines += [signal_line(s) for s in pending]
+    return lines

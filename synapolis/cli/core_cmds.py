@@ -1,11 +1,10 @@
-"""Commands of the foundation: init, validate-heartbeat (monitor, escalation and watchdog verbs too)."""
+"""Commands of the foundation: init and validate-heartbeat."""
 
 from __future__ import annotations
 
 import click
 
 from .. import heartbeat as hb
-from ..timeutil import humanize_age, parse_ts, utcnow
 from .common import emit, json_option, pass_workspace
 
 

@@ -2,25 +2,16 @@
 
 from __future__ import annotations
 
-import json
-
 import click
 
 from ..timeutil import humanize_age, parse_ts, utcnow
-from .common import emit, json_option, pass_workspace, table, workspace
-
-
-def _ago(stamp, now) -> str:
-    try:
-        return humanize_age((now - parse_ts(stamp)).total_seconds())
-    except ValueError:
-        return "-"
+from .common import ago, emit, json_option, pass_workspace, table, workspace
 
 
 def _monitor_text(doc) -> list[str]:
     now = parse_ts(doc["generated_at"])
     rows = [[a["agent_id"], a["effective_status"], a["declared_status"] or "-",
-             humanize_age(a["age_s"]), _ago(a["since"], now), ",".join(a["anomalies"]),
+             humanize_age(a["age_s"]), ago(a["since"], now), ",".join(a["anomalies"]),
              (a["errors"][0]["message"][:60] if a["errors"] else (a["task"] or ""))] for a in doc["agents"]]
     lines = [table(rows, ["AGENT", "STATUS", "DECLARED", "AGE", "SINCE", "ANOMALIES", "TASK / ERROR"])] if rows else []
     counted = ", ".join(f"{n} {s}" for s, n in doc["counts"].items() if n)
@@ -49,11 +40,8 @@ def monitor_cmd(ws, keep, no_rotate, watch, as_json):
         return
 
     def show(doc):
-        if as_json:  # one JSON document per line, like read-signals --follow
-            click.echo(json.dumps(doc, ensure_ascii=False))
-        else:
-            click.echo(f"--- {doc['generated_at']}")
-            click.echo("\n".join(_monitor_text(doc)))
+        # one JSON document per line, like read-signals --follow
+        emit(as_json, doc, lambda d: [f"--- {d['generated_at']}"] + _monitor_text(d))
 
     try:
         watch_monitor(ws, show, keep=keep, rotate=not no_rotate)
@@ -89,8 +77,8 @@ def escalate_cmd(ws, as_json):
 
 def _incidents_text(data) -> list[str]:
     now = utcnow()
-    rows = [[i["id"], i["agent_id"], i["level"], i["condition"], i["status"], _ago(i["opened_at"], now),
-             _ago(i["acked_at"], now) if i.get("acked_at") else "-"] for i in data["incidents"]]
+    rows = [[i["id"], i["agent_id"], i["level"], i["condition"], i["status"], ago(i["opened_at"], now),
+             ago(i.get("acked_at"), now)] for i in data["incidents"]]
     if not rows:
         return ["no incidents"]
     return [table(rows, ["ID", "AGENT", "LEVEL", "CONDITION", "STATUS", "OPENED", "ACKED"])]

@@ -7,7 +7,8 @@ import sys
 
 import click
 
-from .common import emit, json_option
+from ..hooks import HARNESS_NAMES
+from .common import emit, json_option, workspace
 
 
 def _state_dir(ctx: click.Context):
@@ -24,22 +25,11 @@ def hook_cmd(ctx, harness):
 
     Example: echo '{"session_id":"s1","hook_event_name":"SessionStart"}' | synapolis hook claude-code
     """
-    from ..hooks import MAX_INPUT_BYTES, run_bounded
+    # `main` answers `[--state-dir DIR] hook HARNESS` without click; this is the same call for the
+    # other spellings click parses (and for callers of the group itself)
+    from . import run_hook
 
-    def read_input():
-        if sys.stdin is None or sys.stdin.isatty():
-            return b""
-        return sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
-
-    def write(stream):
-        # bytes, in UTF-8 whatever the locale says: the harness parses JSON, and a signal's text
-        # must not make the hook fail on an ASCII-only terminal encoding
-        def _write(text):
-            stream.buffer.write(text.encode("utf-8", "replace"))
-            stream.flush()
-        return _write
-
-    run_bounded(harness, read_input, write(sys.stdout), write(sys.stderr), state_dir=_state_dir(ctx))
+    run_hook(harness, _state_dir(ctx))
 
 
 @click.group("hooks")
@@ -56,7 +46,7 @@ def _project_option(func):
 
 
 @hooks_group.command("install")
-@click.argument("harness", type=click.Choice(["claude-code", "gemini-cli", "codex"]))
+@click.argument("harness", type=click.Choice(HARNESS_NAMES))
 @_project_option
 @json_option
 def hooks_install_cmd(harness, project_dir, as_json):
@@ -74,7 +64,7 @@ def hooks_install_cmd(harness, project_dir, as_json):
 
 
 @hooks_group.command("uninstall")
-@click.argument("harness", type=click.Choice(["claude-code", "gemini-cli", "codex"]))
+@click.argument("harness", type=click.Choice(HARNESS_NAMES))
 @_project_option
 @json_option
 def hooks_uninstall_cmd(harness, project_dir, as_json):
@@ -139,9 +129,8 @@ def status_cmd(ctx, watch, width, as_json):
     Example: synapolis status --watch
     """
     from .. import overview
-    from ..workspace import Workspace
 
-    ws = Workspace.open(_state_dir(ctx))
+    ws = workspace(ctx)
     colour = not as_json and sys.stdout.isatty()
     columns = width or (shutil.get_terminal_size((80, 24)).columns if sys.stdout.isatty() else 80)
 

@@ -2,57 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import shlex
 import sys
 
 import click
 
 from .. import actions
 from ..heartbeat import DECLARED_STATUSES
-from ..identity import Who
 from ..signals import TYPES
-from ..timeutil import humanize_age, parse_ts, utcnow
-from .common import emit, identity_options, pass_workspace, table
-
-
-def _who(agent_id, session_id, run_token) -> Who:
-    return Who(agent_id, session_id, run_token)
-
-
-def _age(stamp) -> str:
-    try:
-        return humanize_age((utcnow() - parse_ts(stamp)).total_seconds())
-    except (TypeError, ValueError):
-        return "-"
-
-
-def _one_line(text: str, width: int = 100) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= width else text[: width - 3] + "..."
-
-
-def signal_line(s: dict) -> str:
-    flags = []
-    if s.get("read"):
-        flags.append("read")
-    elif "read" in s:
-        flags.append("unread")
-    if s.get("reply_to"):
-        flags.append(f"re {s['reply_to'][:8]}")
-    extra = f" ({', '.join(flags)})" if flags else ""
-    return (f"#{s['sequence']:<5} {s['id'][:12]}  {_age(s['timestamp']):>8}  {s['sender']} -> {s['recipient']}  "
-            f"[{s['type']}]{extra}  {_one_line(s['content'])}")
-
-
-def with_pending(lines, data: dict):
-    """The verb's own text, then the signals this response delivered (contract §7)."""
-    lines = [lines] if isinstance(lines, str) else list(lines)
-    pending = data.get("pending_signals") or []
-    if pending:
-        lines.append(f"-- {len(pending)} pending signal(s), delivered now; ack with `synapolis ack-signals ID`:")
-        lines += [signal_line(s) for s in pending]
-    return lines
+from .common import (agent_options, ago, emit, identity_options, one_line, pass_workspace, signal_line, table,
+                     with_pending)
 
 
 def _content(value: str) -> str:
@@ -82,6 +40,8 @@ def start_cmd(ws, harness, substrate, conversation_id, new_session, export, agen
     if export:
         pairs = [("SYNAPOLIS_AGENT_ID", data["agent_id"]), ("SYNAPOLIS_SESSION_ID", data["session_id"]),
                  ("SYNAPOLIS_RUN_TOKEN", data["run_token"]), ("SYNAPOLIS_STATE_DIR", str(ws.root))]
+        import shlex  # here, not at the top: beat and signal load this module too
+
         click.echo("\n".join(f"export {k}={shlex.quote(v)};" for k, v in pairs))
         # stdout is for eval; delivered signals go where a person still sees them
         for line in with_pending([], data):
@@ -98,36 +58,34 @@ def start_cmd(ws, harness, substrate, conversation_id, new_session, export, agen
 @click.option("--task", default=None, help="What the agent is working on.")
 @click.option("--ttl", type=float, default=None, help="Seconds until this heartbeat counts as stale.")
 @click.option("--note", default=None, help="A note for this beat only.")
-@identity_options
+@agent_options
 @pass_workspace(create=True)
-def beat_cmd(ws, status, task, ttl, note, agent_id, session_id, run_token, no_piggyback, as_json):
+def beat_cmd(ws, status, task, ttl, note, who, piggyback, as_json):
     """Write this agent's heartbeat atomically and refresh its registry row in the session.
 
     Example: synapolis beat --agent-id alice --status active --task "fix #12"
     """
-    data = actions.beat(ws, _who(agent_id, session_id, run_token), status=status, task=task, ttl_s=ttl, note=note,
-                        piggyback=not no_piggyback)
+    data = actions.beat(ws, who, status=status, task=task, ttl_s=ttl, note=note, piggyback=piggyback)
     emit(as_json, data, lambda d: with_pending(
         f"beat {d['heartbeat']['agent_id']} seq={d['heartbeat']['seq']} status={d['heartbeat']['status']}"
         + (f" session={d['session_id']}" if d["registered"] else " (in no session)"), d))
 
 
 @click.command("list-agents")
-@identity_options
+@agent_options
 @pass_workspace(create=False)
-def list_agents_cmd(ws, agent_id, session_id, run_token, no_piggyback, as_json):
+def list_agents_cmd(ws, who, piggyback, as_json):
     """The session's agents: registry status and the effective status of their heartbeats.
 
     Example: synapolis list-agents --session-id 20260602_100924_841444cd --json
     """
-    data = actions.list_agents(ws, _who(agent_id, None, run_token), session_id=session_id,
-                               piggyback=not no_piggyback)
+    data = actions.list_agents(ws, who, session_id=who.session_id, piggyback=piggyback)
 
     def text(d):
         if not d["agents"]:
             return with_pending("no agents", d)
         rows = [[a["id"], a["session_id"], a["harness"], a["substrate"] or "-", a["status"], a["effective_status"],
-                 _age(a["last_heartbeat"]), _age(a["joined_at"])] for a in d["agents"]]
+                 ago(a["last_heartbeat"]), ago(a["joined_at"])] for a in d["agents"]]
         return with_pending(table(rows, ["AGENT", "SESSION", "HARNESS", "SUBSTRATE", "REGISTRY", "EFFECTIVE",
                                          "LAST BEAT", "JOINED"]), d)
 
@@ -140,15 +98,15 @@ def list_agents_cmd(ws, agent_id, session_id, run_token, no_piggyback, as_json):
 @click.option("--type", "type_", type=click.Choice(TYPES), default="inform", show_default=True, help="Signal type.")
 @click.option("--sender-id", default=None, help="Send as a sub-agent of the caller (caller.sub).")
 @click.option("--reply-to", default=None, help="The signal this answers (full id or unique 8+ prefix).")
-@identity_options
+@agent_options
 @pass_workspace(create=True)
-def signal_cmd(ws, to, content, type_, sender_id, reply_to, agent_id, session_id, run_token, no_piggyback, as_json):
+def signal_cmd(ws, to, content, type_, sender_id, reply_to, who, piggyback, as_json):
     """Send a signal to an agent, a sub-agent (a.b) or everyone (*); CONTENT '-' reads stdin.
 
     Example: synapolis signal bob "tests are green, merge when ready" --type inform
     """
-    data = actions.signal(ws, _who(agent_id, session_id, run_token), to, _content(content), type=type_,
-                          sender_id=sender_id, reply_to=reply_to, piggyback=not no_piggyback)
+    data = actions.signal(ws, who, to, _content(content), type=type_, sender_id=sender_id, reply_to=reply_to,
+                          piggyback=piggyback)
 
     def text(d):
         s, aud = d["signal"], d["audience"]
@@ -171,21 +129,20 @@ def _print_signals(data: dict, as_json: bool) -> None:
 @click.option("--all", "mode", flag_value="all", help="Every signal you can see, read and history included.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="At most N (unread: oldest N; --all: newest N).")
 @click.option("--follow", is_flag=True, help="Keep printing new signals until interrupted (JSON lines with --json).")
-@identity_options
+@agent_options
 @pass_workspace(create=False)
-def read_signals_cmd(ws, mode, limit, follow, agent_id, session_id, run_token, no_piggyback, as_json):
+def read_signals_cmd(ws, mode, limit, follow, who, piggyback, as_json):
     """Pure query: your signals, oldest first; marks nothing delivered or read.
 
     Example: synapolis read-signals --all --limit 20 --json
     """
-    who = _who(agent_id, session_id, run_token)
     unread_only = mode != "all"
     if not follow:
         _print_signals(actions.read_signals(ws, who, unread_only=unread_only, limit=limit), as_json)
         return
     try:
         for s in actions.follow_signals(ws, who, unread_only=unread_only, limit=limit):
-            click.echo(json.dumps(s, ensure_ascii=False) if as_json else signal_line(s))
+            emit(as_json, s, signal_line)  # one JSON object per line with --json
             sys.stdout.flush()
     except KeyboardInterrupt:
         return
@@ -194,92 +151,88 @@ def read_signals_cmd(ws, mode, limit, follow, agent_id, session_id, run_token, n
 @click.command("ack-signals")
 @click.argument("ids", required=False, default=None)
 @click.option("--all", "all_", is_flag=True, help="Ack every unread signal you can see.")
-@identity_options
+@agent_options
 @pass_workspace(create=True)
-def ack_signals_cmd(ws, ids, all_, agent_id, session_id, run_token, no_piggyback, as_json):
+def ack_signals_cmd(ws, ids, all_, who, piggyback, as_json):
     """Mark signals read: comma-separated full ids or unique prefixes of 8+ characters.
 
     Example: synapolis ack-signals 1a2b3c4d,9f8e7d6c5b
     """
-    data = actions.ack_signals(ws, _who(agent_id, session_id, run_token), ids, all=all_,
-                               piggyback=not no_piggyback)
+    data = actions.ack_signals(ws, who, ids, all=all_, piggyback=piggyback)
     emit(as_json, data, lambda d: with_pending(f"acked {len(d['acked'])} signal(s)"
                                                + (": " + ", ".join(i[:12] for i in d["acked"]) if d["acked"] else ""),
                                                d))
 
 
 @click.command("signals-pending")
-@identity_options
+@agent_options
 @pass_workspace(create=True)
-def signals_pending_cmd(ws, agent_id, session_id, run_token, no_piggyback, as_json):
+def signals_pending_cmd(ws, who, piggyback, as_json):
     """Deliver your undelivered signals now (method poll); they stay unread until acked.
 
     Example: synapolis signals-pending --json
     """
-    data = actions.signals_pending(ws, _who(agent_id, session_id, run_token))
+    data = actions.signals_pending(ws, who)
     emit(as_json, data, lambda d: with_pending([] if d["pending_signals"] else ["no pending signals"], d))
 
 
 @click.command("note")
 @click.argument("text")
-@identity_options
+@agent_options
 @pass_workspace(create=True)
-def note_cmd(ws, text, agent_id, session_id, run_token, no_piggyback, as_json):
+def note_cmd(ws, text, who, piggyback, as_json):
     """Append a note to the session's notes bus; TEXT '-' reads stdin.
 
     Example: synapolis note "starting on the parser; src/parse.py is mine"
     """
-    data = actions.note(ws, _who(agent_id, session_id, run_token), _content(text), piggyback=not no_piggyback)
+    data = actions.note(ws, who, _content(text), piggyback=piggyback)
     emit(as_json, data, lambda d: with_pending(f"note #{d['note']['seq']} added", d))
 
 
 @click.command("read-notes")
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True, help="The newest N notes.")
-@identity_options
+@agent_options
 @pass_workspace(create=False)
-def read_notes_cmd(ws, limit, agent_id, session_id, run_token, no_piggyback, as_json):
+def read_notes_cmd(ws, limit, who, piggyback, as_json):
     """The session's notes bus: the newest notes, oldest first.
 
     Example: synapolis read-notes --limit 20
     """
-    data = actions.read_notes(ws, _who(agent_id, None, run_token), session_id=session_id, limit=limit,
-                              piggyback=not no_piggyback)
+    data = actions.read_notes(ws, who, session_id=who.session_id, limit=limit, piggyback=piggyback)
     emit(as_json, data, lambda d: with_pending(
-        [f"#{n['seq']:<4} {_age(n['at']):>8}  {n['agent_id']}: {n['text']}" for n in d["notes"]] or ["no notes"], d))
+        [f"#{n['seq']:<4} {ago(n['at']):>8}  {n['agent_id']}: {n['text']}" for n in d["notes"]] or ["no notes"], d))
 
 
 @click.command("whiteboard-write")
 @click.argument("key")
 @click.argument("value")
-@identity_options
+@agent_options
 @pass_workspace(create=True)
-def whiteboard_write_cmd(ws, key, value, agent_id, session_id, run_token, no_piggyback, as_json):
+def whiteboard_write_cmd(ws, key, value, who, piggyback, as_json):
     """Set a key on the session's shared whiteboard (last writer wins); VALUE '-' reads stdin.
 
     Example: synapolis whiteboard-write release-branch "release/2.4"
     """
-    data = actions.whiteboard_write(ws, _who(agent_id, session_id, run_token), key, _content(value),
-                                    piggyback=not no_piggyback)
-    emit(as_json, data, lambda d: with_pending(f"{d['entry']['key']} = {_one_line(d['entry']['value'])}", d))
+    data = actions.whiteboard_write(ws, who, key, _content(value), piggyback=piggyback)
+    emit(as_json, data, lambda d: with_pending(f"{d['entry']['key']} = {one_line(d['entry']['value'])}", d))
 
 
 @click.command("whiteboard-read")
 @click.argument("key", required=False, default=None)
-@identity_options
+@agent_options
 @pass_workspace(create=False)
-def whiteboard_read_cmd(ws, key, agent_id, session_id, run_token, no_piggyback, as_json):
+def whiteboard_read_cmd(ws, key, who, piggyback, as_json):
     """Read one whiteboard entry, or all of them without KEY.
 
     Example: synapolis whiteboard-read release-branch --json
     """
-    data = actions.whiteboard_read(ws, _who(agent_id, None, run_token), key, session_id=session_id,
-                                   piggyback=not no_piggyback)
+    data = actions.whiteboard_read(ws, who, key, session_id=who.session_id, piggyback=piggyback)
 
     def text(d):
         entries = [d["entry"]] if "entry" in d else d["entries"]
         if not entries:
             return with_pending("the whiteboard is empty", d)
-        rows = [[e["key"], _one_line(e["value"], 60), e["updated_by"], _age(e["updated_at"])] for e in entries]
+        rows = [[e["key"], one_line(e["value"], 60), e["updated_by"], ago(e["updated_at"])] for e in entries]
         return with_pending(table(rows, ["KEY", "VALUE", "BY", "UPDATED"]), d)
 
     emit(as_json, data, text)

@@ -7,7 +7,7 @@ import sys
 import click
 
 from ..errors import UsageError
-from .common import emit, identity_options, pass_workspace
+from .common import agent_options, emit, one_line, pass_workspace, with_pending
 
 
 def read_memories_input(source: str | None) -> bytes | None:
@@ -30,8 +30,6 @@ def read_memories_input(source: str | None) -> bytes | None:
 
 
 def tired_text(d: dict) -> list[str]:
-    from .signal_cmds import _one_line, with_pending
-
     others = d["active_others"]
     if d["outcome"] == "standby":
         lines = [f"standby: {others} other agent(s) still active in session {d['session_id']}; "
@@ -44,7 +42,7 @@ def tired_text(d: dict) -> list[str]:
                  f"session {d['session_id']} {d['session_status']}."]
         for line in d.get("ledger_lines", []):
             key = f"[{line['key']}] " if line.get("key") else ""
-            lines.append(f"  + {key}{_one_line(line['text'])}  (from {', '.join(line['sources'])})")
+            lines.append(f"  + {key}{one_line(line['text'])}  (from {', '.join(line['sources'])})")
         if d.get("unreadable"):
             lines.append(f"  ! {d['unreadable']} staged row(s) unreadable, left staged")
     if d.get("flagged_stale"):
@@ -55,9 +53,9 @@ def tired_text(d: dict) -> list[str]:
 @click.command("tired")
 @click.option("--memories", "memories_source", metavar="FILE|-", default=None,
               help="What you learned: a JSON array of strings or {text, key, tags} objects, or JSON lines; '-' reads stdin.")
-@identity_options
+@agent_options
 @pass_workspace(create=True)
-def tired_cmd(ws, memories_source, agent_id, session_id, run_token, no_piggyback, as_json):
+def tired_cmd(ws, memories_source, who, piggyback, as_json):
     """Go idle, stage your memories, and, if you are the last active agent, merge them all.
 
     Standby (others still active) returns at once; the last agent merges every staged memory into
@@ -65,10 +63,8 @@ def tired_cmd(ws, memories_source, agent_id, session_id, run_token, no_piggyback
 
     Example: echo '["tests run with uv run pytest"]' | synapolis tired --memories -
     """
-    from ..identity import Who
     from ..sleep import tired
 
     # tired() checks every memory before it writes anything: bad input stages nothing (exit 2)
-    result = tired(ws, Who(agent_id=agent_id, session_id=session_id, run_token=run_token),
-                   memories=read_memories_input(memories_source), piggyback=not no_piggyback)
+    result = tired(ws, who, memories=read_memories_input(memories_source), piggyback=piggyback)
     emit(as_json, result, tired_text)
