@@ -25,7 +25,6 @@ import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
 SECTION = "bench_claims"
 MODES = ("race", "cycle", "bare", "filelock")
 WHAT = {
@@ -121,9 +120,7 @@ def main() -> int:
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     args = parser.parse_args()
 
-    sys.path.insert(0, str(HERE.parent))
-    sys.path.insert(0, str(HERE))
-    from bench_beat import machine, write_section  # one RESULTS.md writer for every benchmark
+    from _common import machine, write_section
 
     load_before = os.getloadavg()[0]
     runs = {mode: [] for mode in MODES}

@@ -14,27 +14,13 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-# the shared harness of these scripts (console script, machine line, RESULTS.md sections, env)
-from bench_beat import bench_env, machine, synapolis_cmd, write_section
+from _common import bench_env, interpreter, machine, synapolis_cmd, timed, write_section
 
-HERE = Path(__file__).resolve().parent
 SECTION = "bench_hook"
-
-
-def timed(cmd, stdin: str | None, env, expect: str = "") -> float:
-    """Seconds one run took; a run that fails, complains or lacks `expect` in its output stops the script."""
-    started = time.perf_counter()
-    done = subprocess.run(cmd, input=stdin, capture_output=True, text=True, env=env)
-    elapsed = time.perf_counter() - started
-    if done.returncode != 0 or done.stderr or expect not in done.stdout:
-        raise SystemExit(f"{cmd} failed ({done.returncode}): {done.stderr.strip() or done.stdout[:200]}")
-    return elapsed
 
 
 def main() -> int:
@@ -43,7 +29,6 @@ def main() -> int:
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     args = parser.parse_args()
 
-    sys.path.insert(0, str(HERE.parent))
     from synapolis import actions
     from synapolis.hooks import agent_id_for
     from synapolis.identity import Who
@@ -63,17 +48,18 @@ def main() -> int:
     # one sender beats the default rate limit of 10 a minute here
     (state / "synapolis.json").write_text(json.dumps({"rate_limit_per_min": 100000}), "utf-8")
     try:
-        timed(hook, start_event, env)
+        timed(hook, env, stdin=start_event, quiet=True)
         ws = Workspace.open(state)
         me = agent_id_for("claude-code", conversation, env={})
         actions.start(ws, agent_id="bench-sender", env={}, write_identity=False)
-        timed(hook, tool_event, env)  # warm-up: bytecode written, page cache warm
+        timed(hook, env, stdin=tool_event, quiet=True)  # warm-up: bytecode written, page cache warm
+        timed([sys.executable, "-c", "import click"], env, quiet=True)  # the same for the baseline
         baseline, quiet, with_signal = [], [], []
         for i in range(args.runs):
-            baseline.append(timed([sys.executable, "-c", "import click"], None, env))
-            quiet.append(timed(hook, tool_event, env))
+            baseline.append(timed([sys.executable, "-c", "import click"], env, quiet=True))
+            quiet.append(timed(hook, env, stdin=tool_event, quiet=True))
             actions.signal(ws, Who("bench-sender"), me, f"benchmark signal {i}", env={})
-            with_signal.append(timed(hook, tool_event, env, expect=f"benchmark signal {i}"))
+            with_signal.append(timed(hook, env, stdin=tool_event, expect=f"benchmark signal {i}", quiet=True))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -87,8 +73,9 @@ def main() -> int:
     load = " ".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
     lines = [f"## Hook path ({SECTION})", "",
              f"Machine: {machine()}; load average {load} at the end. Command: "
-             f"`python benchmarks/bench_hook.py --runs {args.runs}` (interleaved runs, medians; the console "
-             f"script `{Path(hook[0]).name}`).", "",
+             f"`{Path(sys.executable).name} benchmarks/bench_hook.py --runs {args.runs}` (interleaved runs, "
+             f"medians; the console script `{Path(hook[0]).name}`).  ",
+             interpreter(), "",
              "| what | median | vs baseline |", "|---|---|---|"]
     lines += [f"| {name} | {value * 1000:.1f} ms | {ratio:.2f}x |" for name, value, ratio in rows]
     lines += ["", f"Target: at most 1.5x the baseline — {verdict}."]

@@ -24,11 +24,8 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
+from _common import bench_env, machine, synapolis_cmd, write_section
 
-from bench_beat import bench_env, machine, synapolis_cmd, write_section  # noqa: E402
 
 SECTION = "bench_monitor"
 TARGET_S = 2.0

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import statistics
@@ -23,15 +24,13 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
+from _common import bench_env, interpreter, machine, synapolis_cmd, timed, write_section
 
-from synapolis import actions, signals  # noqa: E402
-from synapolis.identity import Who  # noqa: E402
-from synapolis.store import SessionStore  # noqa: E402
-from synapolis.timeutil import utcnow  # noqa: E402
-from synapolis.workspace import Workspace  # noqa: E402
+from synapolis import actions, signals
+from synapolis.identity import Who
+from synapolis.store import SessionStore
+from synapolis.timeutil import utcnow
+from synapolis.workspace import Workspace
 
 SECTION = "bench_signals"
 
@@ -81,8 +80,6 @@ def bench_sends(tmp: Path, count: int) -> dict:
 
 
 def bench_cli(tmp: Path, runs: int) -> dict:
-    from bench_beat import bench_env, synapolis_cmd, timed
-
     state = tmp / "cli"
     ws = _workspace(state, rate_limit_per_min=10 ** 9)
     sid = actions.start(ws, agent_id="alice", env={})["session_id"]
@@ -163,7 +160,6 @@ def main() -> int:
         unread = bench_unread(tmp, args.signals)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    from bench_beat import machine, write_section
 
     core_x = sends["core"] / sends["raw"]
     cli_x = cli["ours"] / cli["base"]
@@ -171,9 +167,10 @@ def main() -> int:
     body = "\n".join([
         "## bench_signals: the signal protocol",
         "",
-        f"Machine: {machine()}  ",
-        f"Command: `python benchmarks/bench_signals.py --sends {args.sends} --runs {args.runs} "
-        f"--signals {args.signals}`",
+        f"Machine: {machine()} · load average {os.getloadavg()[0]:.1f} at the end  ",
+        f"Command: `{Path(sys.executable).name} benchmarks/bench_signals.py --sends {args.sends} --runs {args.runs} "
+        f"--signals {args.signals}`  ",
+        f"{interpreter()} (this matters for the `synapolis signal` row: a start-up ratio)",
         "",
         "| what | measured | baseline (same run) | ratio | target |",
         "|---|---|---|---|---|",

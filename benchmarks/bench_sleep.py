@@ -19,14 +19,12 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
+from _common import call_ms, machine, write_section
+
 SECTION = "bench_sleep"
 
 from synapolis import actions, sleep  # noqa: E402
@@ -59,19 +57,13 @@ def session(root: Path, agents: list[str]) -> tuple[Workspace, str]:
     return ws, sid
 
 
-def timed(call) -> float:
-    began = time.perf_counter()
-    call()
-    return (time.perf_counter() - began) * 1000
-
-
 def standby_vs_beat(tmp: Path, runs: int) -> tuple[list[float], list[float]]:
     beats, standbys = [], []
     for i in range(runs):
         ws, sid = session(tmp / f"sb{i}", ["a", "b"])
-        beats.append(timed(lambda: actions.beat(ws, Who("a", sid), status="active")))
+        beats.append(call_ms(lambda: actions.beat(ws, Who("a", sid), status="active")))
         memories = [f"memory {i}.{n}" for n in range(5)]
-        standbys.append(timed(lambda: sleep.tired(ws, Who("a", sid), memories=memories)))
+        standbys.append(call_ms(lambda: sleep.tired(ws, Who("a", sid), memories=memories)))
     return beats, standbys
 
 
@@ -97,7 +89,7 @@ def consolidation(tmp: Path, ledger_lines: int, runs: int) -> tuple[list[float],
             sleep.tired(ws, Who(agent, sid), memories=[f"{agent} learned {n}" for n in range(20)])
         last = agents[-1]
         LOCK_HELD_MS.clear()
-        times.append(timed(lambda: sleep.tired(ws, Who(last, sid), memories=[f"{last} learned {n}" for n in range(20)])))
+        times.append(call_ms(lambda: sleep.tired(ws, Who(last, sid), memories=[f"{last} learned {n}" for n in range(20)])))
         held.append(max(LOCK_HELD_MS))
     return times, held
 
@@ -107,7 +99,6 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=15)
     parser.add_argument("--no-write", action="store_true", help="Print only; leave RESULTS.md alone.")
     args = parser.parse_args()
-    from bench_beat import machine, write_section  # one RESULTS.md writer for every benchmark
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-sleep-"))
     try:

@@ -13,10 +13,11 @@ from datetime import datetime
 from . import board, identity
 from .atomic import locked
 from . import signals as sig
-from .errors import AmbiguousIdentityError, ConflictError, ForbiddenError, NoIdentityError, NotFoundError, UsageError
+from .errors import (AmbiguousIdentityError, ConflictError, ForbiddenError, NoIdentityError, NotFoundError,
+                     SynapolisError, UsageError)
 from .heartbeat import write_heartbeat
 from .identity import Who
-from .names import generate_agent_id, validate_agent_id, validate_claim_item, validate_session_id
+from .names import check_text, generate_agent_id, validate_agent_id, validate_claim_item, validate_session_id
 from .sessions import (active_sessions, agent_row, create_session, each_store, is_live, read_session, registry_status,
                        reopen_session, sessions_of_agent, ts)
 from .store import SessionStore
@@ -31,9 +32,13 @@ def _now(now: datetime | None) -> datetime:
 
 
 def _same_token(presented: str, stored: str) -> bool:
-    import hmac  # not at the top: it loads OpenSSL (~6 ms), and most calls present no token
+    # hmac.compare_digest without hmac, which loads OpenSSL (~6 ms) on every call that presents a
+    # token (every call after `eval "$(synapolis start --export)"`): the same constant-time compare
+    from _operator import _compare_digest
 
-    return hmac.compare_digest(str(presented).encode(), str(stored).encode())
+    # surrogatepass: a token from argv or the environment that is not UTF-8 is simply wrong (exit 7)
+    return _compare_digest(str(presented).encode("utf-8", "surrogatepass"),
+                           str(stored).encode("utf-8", "surrogatepass"))
 
 
 def _new_token() -> str:
@@ -55,7 +60,7 @@ def _check_token(ws, caller, row, mutation: bool) -> None:
 class AgentCall:
     """One verb acting as an agent: its identity, its session store, and the closing refresh + piggyback."""
 
-    def __init__(self, ws, caller, store, row, now, piggyback, method):
+    def __init__(self, ws, caller, store, row, now, piggyback, method, live=None):
         self.ws = ws
         self.caller = caller
         self.store = store
@@ -63,9 +68,11 @@ class AgentCall:
         self.now = now
         self.piggyback = piggyback
         self.method = method
+        self.live = live  # a LongLived (the MCP server) may coalesce a pure refresh; None: always write
         self.heartbeat_fields: dict = {}  # status/task/ttl_s/note for the refresh (beat, tired)
         self.durable_beat = False
         self.heartbeat: dict | None = None
+        self.coalesced = False  # the refresh was coalesced: neither the file nor the registry was written
         self.finished = False
 
     @property
@@ -86,8 +93,17 @@ class AgentCall:
             fields.setdefault("harness", self.row["harness"])
             if self.row["substrate"]:
                 fields.setdefault("substrate", self.row["substrate"])
-        return write_heartbeat(self.ws.paths, self.agent_id, session_id=self.session_id if self.registered else None,
-                               now=format_ts(self.now), durable=self.durable_beat, **fields)
+        session_id = self.session_id if self.registered else None
+        if self.live is not None:
+            recent = self.live.recent_refresh(self.ws, self.agent_id, session_id, fields, self.row, self.now)
+            if recent is not None:
+                self.coalesced = True
+                return recent
+        doc = write_heartbeat(self.ws.paths, self.agent_id, session_id=session_id, now=format_ts(self.now),
+                              durable=self.durable_beat, **fields)
+        if self.live is not None:
+            self.live.refreshed(self.ws, self.agent_id, session_id, doc, self.now)
+        return doc
 
     def beat_now(self) -> dict:
         """Write the heartbeat refresh now, before the verb takes the store's write lock (finish reuses it)."""
@@ -95,11 +111,24 @@ class AgentCall:
             self.heartbeat = self._refresh_heartbeat()
         return self.heartbeat
 
+    def _nothing_to_write(self) -> bool:
+        """Coalesced, and a cheap read finds nothing to deliver: finish needs no write transaction.
+
+        Hooks (method `hook`) also redeliver, which only the drain itself decides; they never coalesce anyway.
+        """
+        if not self.coalesced or self.method == "hook":
+            return False
+        if not self.piggyback:
+            return True
+        with self.store.read() as conn:
+            return not sig.has_undelivered(conn, self.agent_id)
+
     def finish(self, result: dict | None = None, conn=None, *, limit: int | None = None,
                budget_chars: int | None = None) -> dict:
         """Refresh the heartbeat and the registry, and attach the caller's undelivered signals.
 
         With `conn` (a write transaction the verb holds) everything commits together with the verb.
+        A coalesced refresh (LongLived) writes neither the registry row nor, when nothing waits, anything.
         """
         result = {} if result is None else result
         if self.heartbeat is None:
@@ -107,15 +136,16 @@ class AgentCall:
         pending: list = []
         if self.registered:
             def work(c):
-                c.execute("UPDATE agents SET last_heartbeat = ?, status = ? WHERE id = ?",
-                          (ts(self.now), registry_status(self.heartbeat["status"]), self.agent_id))
+                if not self.coalesced:
+                    c.execute("UPDATE agents SET last_heartbeat = ?, status = ? WHERE id = ?",
+                              (ts(self.now), registry_status(self.heartbeat["status"]), self.agent_id))
                 if self.piggyback:
                     return sig.drain(c, self.agent_id, self.method, self.now, self.ws.config,
                                      limit=limit, budget_chars=budget_chars)
                 return []
             if conn is not None:
                 pending = work(conn)
-            else:
+            elif not self._nothing_to_write():
                 with self.store.write() as c:
                     pending = work(c)
         self.finished = True
@@ -123,31 +153,235 @@ class AgentCall:
         return result
 
 
+# -- what a long-lived process keeps between verbs (the MCP server) --------------------------------------
+
+COALESCE_S = 1.0  # a pure refresh within this long of this process's last write of it is skipped
+# the LongLived of the verbs running now (a contextvars.ContextVar), made by the first LongLived: the CLI,
+# which never makes one, does not even import contextvars
+_LIVE = None
+
+
+def file_signature(path) -> tuple | None:
+    """Which file is at `path` (device, inode, mtime, size): an atomic replace by anyone changes it."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
+
+
+def refresh_is_redundant(last: dict | None, fields: dict, row, signature, now: datetime, window_s: float) -> bool:
+    """Whether a refresh with `fields` at `now` may be skipped, given what this process last wrote (`last`:
+    at, doc, signature, registry) and what is there now (the registry `row`, the file's `signature`).
+
+    Only when it changes nothing: written less than the window ago (and not in the future), the same status,
+    task, ttl, harness and substrate, no note (a note belongs to one beat), the file still the one written
+    here, and the registry row still saying what was written there. The window is at most a quarter of the
+    agent's ttl (or stale_after_s), so a coalesced agent is never near stale.
+    """
+    if last is None:
+        return False
+    doc = last["doc"]
+    age = (now - last["at"]).total_seconds()
+    if not 0 <= age < window_s:
+        return False
+    if fields.get("note"):
+        return False
+    for key in ("status", "task", "ttl_s", "harness", "substrate"):
+        if key in fields and fields[key] != doc.get(key):
+            return False
+    if signature is None or signature != last["signature"]:
+        return False
+    expected = last["registry"]
+    if (row is None) != (expected is None):
+        return False
+    return row is None or (row["last_heartbeat"], row["status"]) == expected
+
+
+class LongLived:
+    """What one long-lived process (the MCP server) keeps between the verbs it runs, so that it does not
+    repeat per call what did not change: session stores held open, resolved callers, its own recent refreshes.
+
+    Turned on per verb with `as_agent(..., live=...)` or `with long_lived(live):`; only `synapolis mcp` does.
+    The CLI and hooks never do, so they resolve, open and refresh everything on every call. Thread-safe:
+    the SDK runs tools on worker threads; each verb gets a store of its own from the pool.
+    """
+
+    def __init__(self, window_s: float = COALESCE_S, max_sessions: int = 16, idle_per_session: int = 4):
+        import threading
+
+        global _LIVE
+        if _LIVE is None:  # made once, before any verb runs in this process (the server builds one at start)
+            import contextvars
+
+            _LIVE = contextvars.ContextVar("synapolis_long_lived", default=None)
+
+        self.window_s = window_s
+        self.max_sessions = max_sessions
+        self.idle_per_session = idle_per_session
+        self._lock = threading.Lock()
+        self._pools: dict = {}  # (root, session_id) -> [(store, db signature)] idle
+        self._callers: dict = {}  # everything a resolution read -> Caller
+        self._refreshes: dict = {}  # (root, agent_id, session_id) -> what this process last wrote
+        self._ensured: dict = {}  # root -> when ws.ensure() last ran
+
+    # -- identity ---------------------------------------------------------------------------------
+    def resolve(self, ws, who: Who | None, *, env=None, required: bool = True, need_session: bool = True, now=None):
+        """`identity.resolve`, remembered when nothing it read can change: an agent and a session named by
+        the call or the environment. identity.json (which may lend the run token) is part of the key by
+        its signature; a resolution that needs identity.json's agent or a session search is never kept."""
+        who = who or Who()
+        env = os.environ if env is None else env
+        names = (who.agent_id, who.session_id, who.run_token, env.get(identity.ENV_AGENT) or None,
+                 env.get(identity.ENV_SESSION) or None, env.get(identity.ENV_TOKEN) or None)
+        if (names[0] or names[3]) is None or (names[1] or names[4]) is None:
+            return identity.resolve(ws, who, env=env, required=required, need_session=need_session, now=now)
+        key = (os.fspath(ws.paths.root), names, required, need_session, file_signature(ws.paths.identity))
+        caller = self._callers.get(key)
+        if caller is None:
+            caller = identity.resolve(ws, who, env=env, required=required, need_session=need_session, now=now)
+            if caller is not None and caller.source in ("options", "env"):
+                if len(self._callers) >= 256:
+                    self._callers.clear()
+                self._callers[key] = caller
+        return caller
+
+    # -- stores -----------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def store(self, ws, session_id: str):
+        """A store for one verb: an idle one from the pool when its database is still the same file, else
+        a new one (NotFoundError for a missing session, as SessionStore.open). Back to the pool after."""
+        key = (os.fspath(ws.paths.root), session_id)
+        path = ws.paths.session_db(session_id)
+        now_sig = file_signature(path)
+        store = None
+        with self._lock:
+            idle = self._pools.get(key) or []
+            while idle and store is None:
+                candidate, sig_ = idle.pop()
+                if sig_[:2] == (now_sig or ())[:2] and candidate.busy_timeout_ms == int(ws.config.busy_timeout_ms):
+                    store = candidate
+                else:
+                    candidate.close()
+        if store is None:
+            store = SessionStore.open(ws, session_id)
+            now_sig = file_signature(path) or (None, None)
+        try:
+            yield store
+        except SynapolisError:
+            # a verb's refusal: store.read()/write() ended their transactions, the connection is sound
+            self._give_back(key, store, now_sig)
+            raise
+        except BaseException:
+            store.close()  # anything else: the next verb gets a fresh connection
+            raise
+        self._give_back(key, store, now_sig)
+
+    def _give_back(self, key, store, signature) -> None:
+        with self._lock:
+            idle = self._pools.get(key)
+            if idle is None and len(self._pools) < self.max_sessions:
+                idle = self._pools[key] = []
+            if idle is not None and len(idle) < self.idle_per_session:
+                idle.append((store, signature))
+                return
+        store.close()
+
+    def hold(self, ws, session_id: str | None) -> None:
+        """Keep one connection to a session this process works in (see docs/MCP.md): when the last
+        connection to a WAL database closes, SQLite checkpoints and deletes the WAL, and the next opener,
+        the CLI's and hooks' included, rebuilds its index."""
+        if not session_id:
+            return
+        with self._lock:
+            if self._pools.get((os.fspath(ws.paths.root), session_id)):
+                return
+        try:
+            with self.store(ws, session_id):
+                pass
+        except SynapolisError:
+            pass
+
+    def close(self) -> None:
+        with self._lock:
+            pools, self._pools = list(self._pools.values()), {}
+        for idle in pools:
+            for store, _sig in idle:
+                store.close()
+
+    # -- the heartbeat refresh --------------------------------------------------------------------
+    def ensure(self, ws, now: datetime) -> None:
+        """`ws.ensure()`, at most once per window: the folders it creates do not come and go."""
+        root = os.fspath(ws.paths.root)
+        last = self._ensured.get(root)
+        if last is None or not 0 <= (now - last).total_seconds() < self.window_s:
+            ws.ensure()
+            self._ensured[root] = now
+
+    def recent_refresh(self, ws, agent_id: str, session_id: str | None, fields: dict, row, now: datetime):
+        """The heartbeat this process wrote for the agent, when a refresh with `fields` now would change
+        nothing (refresh_is_redundant); else None, and the caller writes."""
+        last = self._refreshes.get((os.fspath(ws.paths.root), agent_id, session_id))
+        if last is None:
+            return None
+        ttl = last["doc"].get("ttl_s") or ws.config.stale_after_s
+        window = min(self.window_s, float(ttl) / 4)
+        if not refresh_is_redundant(last, fields, row, file_signature(ws.paths.heartbeat(agent_id)), now, window):
+            return None
+        return dict(last["doc"])
+
+    def refreshed(self, ws, agent_id: str, session_id: str | None, doc: dict, now: datetime) -> None:
+        """Remember a refresh this process wrote: the document, the file, and what the registry now says."""
+        self._refreshes[(os.fspath(ws.paths.root), agent_id, session_id)] = {
+            "at": now, "doc": dict(doc), "signature": file_signature(ws.paths.heartbeat(agent_id)),
+            "registry": (ts(now), registry_status(doc["status"])) if session_id is not None else None}
+
+
+@contextlib.contextmanager
+def long_lived(live: LongLived | None):
+    """Run the verbs called inside with `live` (the MCP server wraps each tool call in this)."""
+    if _LIVE is None:  # no LongLived was ever made: there is nothing to set, and None is what verbs see
+        yield live
+        return
+    token = _LIVE.set(live)
+    try:
+        yield live
+    finally:
+        _LIVE.reset(token)
+
+
 @contextlib.contextmanager
 def as_agent(ws, who: Who | None = None, *, env=None, piggyback: bool = True, method: str = "piggyback",
              mutation: bool = True, required: bool = True, need_session: bool = True,
-             need_registration: bool = True, now: datetime | None = None):
+             need_registration: bool = True, now: datetime | None = None, live: LongLived | None = None):
     """Resolve the caller (§3), check its run token, yield an AgentCall; on leaving, refresh it.
 
     `required=False` (read-only verbs) yields None when no identity resolves, it is ambiguous, or the
-    agent is not registered in the session; a wrong run token is refused even then.
+    agent is not registered in the session; a wrong run token is refused even then. `live` (default: the
+    one `long_lived` set, normally none) reuses what a long-lived process keeps and may coalesce a pure
+    refresh; without it every call resolves, opens and writes afresh.
     """
+    live = live if live is not None or _LIVE is None else _LIVE.get()
     now = _now(now)
-    caller = identity.resolve(ws, who, env=env, required=required, need_session=need_session, now=now)
+    if live is not None:
+        caller = live.resolve(ws, who, env=env, required=required, need_session=need_session, now=now)
+    else:
+        caller = identity.resolve(ws, who, env=env, required=required, need_session=need_session, now=now)
     if caller is None:
         yield None
         return
-    store = row = None
-    if caller.session_id is not None:
-        try:
-            store = SessionStore.open(ws, caller.session_id)
-        except NotFoundError:
-            if required:  # a session that was named (or remembered) but does not exist
-                raise
-        if store is not None:
-            with store.read() as conn:
-                row = agent_row(conn, caller.agent_id)
-    try:
+    with contextlib.ExitStack() as stack:
+        store = row = None
+        if caller.session_id is not None:
+            try:
+                store = stack.enter_context(live.store(ws, caller.session_id) if live is not None
+                                            else SessionStore.open(ws, caller.session_id))
+            except NotFoundError:
+                if required:  # a session that was named (or remembered) but does not exist
+                    raise
+            if store is not None:
+                with store.read() as conn:
+                    row = agent_row(conn, caller.agent_id)
         if row is None and need_registration:
             if not required:
                 yield None
@@ -157,14 +391,14 @@ def as_agent(ws, who: Who | None = None, *, env=None, piggyback: bool = True, me
         if row is not None:
             _check_token(ws, caller, row, mutation)
         if mutation or row is not None:
-            ws.ensure()
-        call = AgentCall(ws, caller, store, row, now, piggyback, method)
+            if live is not None:
+                live.ensure(ws, now)
+            else:
+                ws.ensure()
+        call = AgentCall(ws, caller, store, row, now, piggyback, method, live)
         yield call
         if not call.finished:
             call.finish()
-    finally:
-        if store is not None:
-            store.close()
 
 
 def _who(who: Who | None, session_id: str | None = None) -> Who:
@@ -221,8 +455,11 @@ def start(ws, *, agent_id: str | None = None, session_id: str | None = None, har
     harness = harness or env.get(ENV_HARNESS) or "cli"
     substrate = substrate or env.get(ENV_SUBSTRATE) or None
     for value, what in ((harness, "harness"), (substrate or "", "substrate")):
-        if len(value) > 128:
+        if len(check_text(value, what)) > 128:
             raise UsageError(f"{what} is longer than 128 characters")
+    for value, what in ((conversation_id, "conversation id"), (run_token, "run token")):
+        if value is not None:
+            check_text(value, what)
     if agent_id is None:
         agent_id = generate_agent_id(substrate, harness, conversation_id, deterministic=deterministic_id)
     ws.ensure()

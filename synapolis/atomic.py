@@ -7,22 +7,16 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: the hot paths never load pathlib (paths.StateFiles)
+    from pathlib import Path
 
 TEMP_PREFIX = ".tmp-"
 TEMP_SUFFIX = ".tmp"
 
 if sys.platform == "win32":  # pragma: no cover - platform code lives here and nowhere else
     import msvcrt
-
-    def _lock_fd(fd: int) -> None:
-        os.lseek(fd, 0, os.SEEK_SET)
-        while True:
-            try:
-                msvcrt.locking(fd, msvcrt.LK_LOCK, 1)
-                return
-            except OSError:
-                time.sleep(0.01)
 
     def _unlock_fd(fd: int) -> None:
         os.lseek(fd, 0, os.SEEK_SET)
@@ -38,9 +32,6 @@ if sys.platform == "win32":  # pragma: no cover - platform code lives here and n
 else:
     import fcntl
 
-    def _lock_fd(fd: int) -> None:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-
     def _unlock_fd(fd: int) -> None:
         fcntl.flock(fd, fcntl.LOCK_UN)
 
@@ -48,7 +39,7 @@ else:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return True
-        except OSError:
+        except BlockingIOError:  # held by another; any other OSError (no locks on this filesystem) is real
             return False
 
 
@@ -57,7 +48,13 @@ def is_temp_name(name: str) -> bool:
     return name.startswith(TEMP_PREFIX) or name.endswith(TEMP_SUFFIX)
 
 
-def _fsync_dir(directory: Path) -> None:
+def _make_parent(path) -> None:
+    folder = os.path.dirname(os.fspath(path))
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+
+
+def _fsync_dir(directory: str) -> None:
     if sys.platform == "win32":  # pragma: no cover
         return
     try:
@@ -78,9 +75,10 @@ def atomic_write_bytes(path: Path | str, data: bytes, durable: bool = True, mode
     A temporary file in the same folder (same filesystem, so `os.replace` is atomic), flushed and
     fsynced, then renamed over the target.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f"{TEMP_PREFIX}{path.name}.{os.getpid()}.{os.urandom(4).hex()}{TEMP_SUFFIX}"
+    folder, name = os.path.split(os.fspath(path))
+    folder = folder or "."
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f"{TEMP_PREFIX}{name}.{os.getpid()}.{os.urandom(4).hex()}{TEMP_SUFFIX}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -89,12 +87,15 @@ def atomic_write_bytes(path: Path | str, data: bytes, durable: bool = True, mode
             if durable:
                 os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.filename == tmp:
+            # say which file could not be written (a directory in its place...), not our temporary name
+            raise OSError(exc.errno, exc.strerror, os.fspath(path)) from None
         raise
     if durable:
-        _fsync_dir(path.parent)
+        _fsync_dir(folder)
 
 
 def dumps(document) -> str:
@@ -106,14 +107,36 @@ def atomic_write_json(path: Path | str, document, durable: bool = True, mode: in
     atomic_write_bytes(path, dumps(document).encode("utf-8"), durable=durable, mode=mode)
 
 
+# O_NONBLOCK: a FIFO where a state file belongs reads as empty (not JSON) instead of blocking
+# every verb forever, waiting for a writer; on a regular file it changes nothing.
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def read_bytes(path: Path | str) -> bytes:
+    """The whole file at `path`; OSError as `open` raises it, but never blocks on a FIFO."""
+    fd = os.open(path, _READ_FLAGS)
+    try:
+        chunks = []
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    except OSError as exc:  # os.read names no file (a directory where this file belongs: say which)
+        raise OSError(exc.errno, exc.strerror, os.fspath(path)) from None
+    finally:
+        os.close(fd)
+
+
 def read_json(path: Path | str):
     """Parse a JSON file; raises FileNotFoundError, or ValueError for anything unparseable."""
-    with open(path, "rb") as handle:
-        raw = handle.read()
+    raw = read_bytes(path)
     try:
         return json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+    except RecursionError:  # '[[[[…' nested past the interpreter's stack: unreadable, like any garbage
+        raise ValueError(f"{path}: not valid JSON (nested too deeply)") from None
 
 
 def read_json_or(path: Path | str, default=None):
@@ -124,18 +147,42 @@ def read_json_or(path: Path | str, default=None):
         return default
 
 
+# How long a blocking lock waits (the default busy_timeout_ms): our critical sections are short, so a
+# holder past this is stuck (a stopped process, a hung disk) and the caller gets BusyError, not a hang.
+LOCK_TIMEOUT_S = 5.0
+
+
+def _lock_within(fd: int, what, timeout: float) -> None:
+    """Take the lock on `fd`, waiting at most `timeout` seconds; BusyError (exit 8) past it."""
+    if _try_lock_fd(fd):  # the usual case: free, one system call as before
+        return
+    deadline = time.monotonic() + timeout
+    delay = 0.0005
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            from .errors import BusyError
+
+            raise BusyError(f"{what} stayed locked for more than {timeout:g} s: another process holds it "
+                            "(stuck, or very slow); try again")
+        time.sleep(min(delay, remaining))
+        if _try_lock_fd(fd):
+            return
+        delay = min(delay * 2, 0.005)
+
+
 @contextlib.contextmanager
-def locked(lock_path: Path | str, blocking: bool = True):
+def locked(lock_path: Path | str, blocking: bool = True, timeout: float | None = None):
     """An exclusive advisory lock on `lock_path` (created if missing) for the `with` body.
 
-    With `blocking=False`, yields False at once when someone else holds it.
+    With `blocking=False`, yields False at once when someone else holds it; otherwise waits up to
+    `timeout` seconds (LOCK_TIMEOUT_S by default), then raises BusyError.
     """
-    lock_path = Path(lock_path)
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    _make_parent(lock_path)
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         if blocking:
-            _lock_fd(fd)
+            _lock_within(fd, lock_path, LOCK_TIMEOUT_S if timeout is None else timeout)
             got = True
         else:
             got = _try_lock_fd(fd)
@@ -150,12 +197,11 @@ def locked(lock_path: Path | str, blocking: bool = True):
 
 def append_jsonl(path: Path | str, *records: dict) -> None:
     """Append complete JSON lines under an exclusive lock on the file itself."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _make_parent(path)
     payload = "".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n" for r in records)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
-        _lock_fd(fd)
+        _lock_within(fd, path, LOCK_TIMEOUT_S)
         try:
             # A writer killed mid-line leaves a fragment; start on a fresh line so ours stays whole.
             size = os.fstat(fd).st_size
@@ -185,7 +231,7 @@ def read_jsonl(path: Path | str) -> list[dict]:
             continue
         try:
             value = json.loads(line)
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
             continue
         if isinstance(value, dict):
             records.append(value)
@@ -194,6 +240,8 @@ def read_jsonl(path: Path | str) -> list[dict]:
 
 def old_temp_files(directory: Path | str, older_than_s: float = 3600.0, now: float | None = None) -> list[Path]:
     """Temp files of crashed writers older than `older_than_s`, recursively (`doctor` reports them)."""
+    from pathlib import Path  # only doctor and the watchdog ask; not worth loading on every CLI call
+
     now = time.time() if now is None else now
     found = []
     directory = Path(directory)
@@ -227,6 +275,8 @@ def sweep_temp_files(directory: Path | str, older_than_s: float = 3600.0, now: f
 def json_files(directory: Path | str) -> list[Path]:
     """The JSON documents in `directory`, sorted by name: no temp files of crashed writers, no hidden
     files; [] when the directory does not exist."""
+    from pathlib import Path  # the monitor, escalation and claims ask; the hot paths do not
+
     directory = Path(directory)
     try:
         names = sorted(os.listdir(directory))

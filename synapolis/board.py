@@ -8,6 +8,7 @@ from datetime import datetime
 
 from .atomic import append_jsonl, locked, read_jsonl
 from .errors import NotFoundError, UsageError
+from .names import check_text
 from .sessions import ts
 from .timeutil import format_ts
 
@@ -20,7 +21,7 @@ def _check_text(text, what: str, config, allow_empty: bool = False) -> str:
         raise UsageError(f"{what} must be text")
     if not text and not allow_empty:
         raise UsageError(f"{what} is empty")
-    size = len(text.encode("utf-8", "surrogatepass"))
+    size = len(check_text(text, what).encode("utf-8"))
     if size > int(config.max_content_bytes):
         raise UsageError(f"{what} is {size} bytes, more than max_content_bytes={config.max_content_bytes}")
     return text
@@ -33,7 +34,7 @@ def check_key(key) -> str:
         raise UsageError(f"whiteboard key is longer than {MAX_KEY} characters")
     if any(ord(c) < 32 or ord(c) == 127 for c in key):
         raise UsageError("whiteboard key may not contain control characters")
-    return key
+    return check_text(key, "whiteboard key")
 
 
 def _entry(row) -> dict:
@@ -88,7 +89,7 @@ def _last_seq(path) -> int:
             for line in reversed(complete):
                 try:
                     record = json.loads(line)
-                except (UnicodeDecodeError, json.JSONDecodeError):
+                except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
                     continue
                 if isinstance(record, dict) and isinstance(record.get("seq"), int):
                     return record["seq"]
@@ -109,5 +110,11 @@ def read_notes(ws, session_id: str, limit: int = 50) -> list[dict]:
     """The newest `limit` notes, oldest first."""
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise UsageError(f"limit must be a positive whole number, not {limit!r}")
-    notes = [r for r in read_jsonl(ws.paths.session_notes(session_id)) if isinstance(r.get("seq"), int)]
+    notes = [r for r in read_jsonl(ws.paths.session_notes(session_id)) if _is_note(r)]
     return notes[-limit:]
+
+
+def _is_note(record: dict) -> bool:
+    # a hand-edited or damaged line is skipped like a torn one: every reader may rely on these four
+    return (type(record.get("seq")) is int and isinstance(record.get("at"), str)
+            and isinstance(record.get("agent_id"), str) and isinstance(record.get("text"), str))

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from .atomic import append_jsonl, atomic_write_json, json_files, read_json, read_json_or
 from .errors import (BusyError, ConflictError, ForbiddenError, InternalError, NotFoundError, StaleToken,
                      SynapolisError, UsageError)
-from .names import validate_agent_id, validate_claim_item, validate_session_id
+from .names import check_text, validate_agent_id, validate_claim_item, validate_session_id
 from .status import CLAIMABLE_FROM, status_of_agent
 from .timeutil import UTC, format_ts, humanize_age, parse_ts, utcnow
 
@@ -121,7 +121,7 @@ def _high_water(ws, item: str, record: dict | None) -> int:
                     continue
                 try:
                     event = json.loads(line)
-                except (UnicodeDecodeError, json.JSONDecodeError):
+                except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
                     continue
                 token = event.get("token") if isinstance(event, dict) else None
                 if event.get("item") == item and isinstance(token, int) and not isinstance(token, bool):
@@ -173,8 +173,8 @@ def check_wait(wait_s) -> float:
 
 
 def check_force(force: bool, reason) -> None:
-    if reason is not None and not isinstance(reason, str):
-        raise UsageError("the reason must be text")
+    if reason is not None:
+        check_text(reason, "the reason")
     if force and not (reason and reason.strip()):
         raise UsageError("--force needs --reason TEXT: say why you release another agent's claim")
     if reason is not None and len(reason) > MAX_REASON:

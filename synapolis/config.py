@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
 from .atomic import atomic_write_json, read_json
 from .errors import UsageError
@@ -31,8 +31,13 @@ _DURATIONS = ("stale_after_s", "dead_after_s", "clock_skew_s", "claim_ttl_s", "r
 _POSITIVE_INTS = ("rate_limit_per_min", "max_content_bytes", "monitor_keep", "busy_timeout_ms")
 
 
+# Ten years. Beyond it `now - duration` leaves the calendar (OverflowError in every verb that asks
+# whether an agent is fresh), and Infinity, which Python's JSON reader accepts, is not a duration.
+MAX_DURATION_S = 10 * 366 * 86400
+
+
 def _positive_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= MAX_DURATION_S
 
 
 def check_config(document) -> list[str]:
@@ -46,7 +51,8 @@ def check_config(document) -> list[str]:
             problems.append(f"unknown key {key!r}")
     for key in _DURATIONS:
         if key in document and not _positive_number(document[key]):
-            problems.append(f"{key} must be a positive number of seconds, not {document[key]!r}")
+            problems.append(f"{key} must be a positive number of seconds (at most {MAX_DURATION_S}), "
+                            f"not {document[key]!r}")
     for key in _POSITIVE_INTS:
         value = document.get(key, 1)
         if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
@@ -66,7 +72,7 @@ def check_config(document) -> list[str]:
             problems.append("escalation.notify_cmd must be null, a non-empty string or a list of strings")
         for key in ("repeat_after_s", "notify_timeout_s"):
             if key in esc and not _positive_number(esc[key]):
-                problems.append(f"escalation.{key} must be a positive number of seconds")
+                problems.append(f"escalation.{key} must be a positive number of seconds (at most {MAX_DURATION_S})")
     return problems
 
 
@@ -129,7 +135,7 @@ def merge_defaults(document: dict) -> dict:
     return values
 
 
-def load_config(path: Path) -> Config:
+def load_config(path: str | os.PathLike) -> Config:
     """The config at `path`, or the defaults when there is none; UsageError when it is broken."""
     try:
         document = read_json(path)
@@ -152,9 +158,9 @@ def default_config_document() -> dict:
     return document
 
 
-def write_default_config(path: Path) -> bool:
+def write_default_config(path: str | os.PathLike) -> bool:
     """Create the config file if missing; True when it was created."""
-    if path.exists():
+    if os.path.exists(path):
         return False
     atomic_write_json(path, default_config_document())
     return True

@@ -144,7 +144,7 @@ def check_config_and_schemas(root: Path) -> list[dict]:
         return results
     try:
         document = json.loads(config_path.read_bytes().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # Recursion: nested too deeply
         results.append(finding("config", FAIL, f"{config_path} is not valid JSON ({exc})",
                                f"fix the file by hand, or move it away and run `synapolis --state-dir {root} init`"))
         return results
@@ -317,7 +317,7 @@ def _check_mcp(project: Path, harness: str, check: str) -> list[dict]:
             else:
                 document = json.loads(path.read_bytes().decode("utf-8"))
                 servers = document.get("mcpServers") if isinstance(document, dict) else None
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             return [finding(check, FAIL, f"{path} cannot be parsed ({exc})", f"repair {path}")]
         if isinstance(servers, dict) and any(_is_our_server(entry) for entry in servers.values()):
             return [finding(check, OK, f"MCP server `synapolis mcp` configured in {path}")]

@@ -208,12 +208,24 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
+def is_incident(doc) -> bool:
+    """A record with the fields the writer, `escalations` and `status` use, of the right types.
+
+    Anything else (a hand-edited or damaged file) is skipped as if missing, so one bad file never
+    stops a pass or a listing; the writer then puts a well-formed incident in its place.
+    """
+    return (isinstance(doc, dict)
+            and all(isinstance(doc.get(k), str) for k in ("id", "key", "agent_id", "condition", "opened_at"))
+            and doc.get("status") in ("open", "resolved") and type(doc.get("level")) is int
+            and isinstance(doc.get("notifications", []), list))
+
+
 def load_incidents(paths) -> dict:
     """The current incident of every key: {key name: incident}; broken files are skipped."""
     found = {}
     for path in json_files(paths.escalations):
         incident = read_json_or(path)
-        if isinstance(incident, dict) and isinstance(incident.get("id"), str):
+        if is_incident(incident):
             found[path.name[:-5]] = incident
     return found
 
@@ -305,7 +317,7 @@ def list_incidents(ws, include_resolved: bool = False) -> dict:
     latest = {}
     for record in read_jsonl(ws.paths.escalations_log):
         incident = record.get("incident")
-        if isinstance(incident, dict) and isinstance(incident.get("id"), str):
+        if is_incident(incident):
             latest[incident["id"]] = incident
     for incident in current.values():  # the files are the truth for current incidents
         latest[incident["id"]] = incident

@@ -85,7 +85,7 @@ def load_settings(path: Path) -> dict:
         return {}
     try:
         document = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # Recursion: nested too deeply
         raise UsageError(f"{path} is not valid JSON ({exc}); fix it by hand, it was left untouched") from None
     if not isinstance(document, dict):
         raise UsageError(f"{path} holds a JSON {type(document).__name__}, not an object; it was left untouched")

@@ -51,7 +51,7 @@ def parse_event(raw: bytes | str) -> dict:
         raise HookInputError("no hook input on stdin (expected one JSON object)")
     try:
         event = json.loads(raw)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, RecursionError) as exc:  # RecursionError: '[[[[…' nested too deeply
         raise HookInputError(f"hook input is not JSON ({exc})") from None
     if not isinstance(event, dict):
         raise HookInputError(f"hook input is a JSON {type(event).__name__}, not an object")
@@ -162,7 +162,7 @@ def _command_hint(verb: str, agent_id: str, session_id: str | None, run_token: s
 def load_state(ws, agent_id: str) -> dict:
     from .atomic import read_json_or
 
-    document = read_json_or(ws.paths.hook_state(agent_id), {})
+    document = read_json_or(ws.files.hook_state(agent_id), {})  # a str: no pathlib on every hook call
     return document if isinstance(document, dict) else {}
 
 
@@ -356,7 +356,8 @@ def deadline_s(env=None) -> float:
         value = float(env.get("SYNAPOLIS_HOOK_TIMEOUT_S", HOOK_DEADLINE_S))
     except ValueError:
         return HOOK_DEADLINE_S
-    return value if value > 0 else HOOK_DEADLINE_S
+    # an hour at most: "inf" (or 1e400) would overflow the timer thread and leave the hook unbounded
+    return value if 0 < value <= 3600 else HOOK_DEADLINE_S
 
 
 def run_bounded(harness: str, read_input, write_out, write_err, *, state_dir=None, env=None,

@@ -48,7 +48,7 @@ class Caller(_Record):
 def read_identity_file(ws) -> dict | None:
     """identity.json when it names a well-formed agent, else None."""
     try:
-        document = read_json(ws.paths.identity)
+        document = read_json(ws.files.identity)
     except (OSError, ValueError):
         return None
     if not isinstance(document, dict) or not isinstance(document.get("agent_id"), str):
@@ -61,7 +61,7 @@ def write_identity_file(ws, agent_id: str, session_id: str, run_token: str, **ex
     document = {"agent_id": agent_id, "session_id": session_id, "run_token": run_token,
                 **{k: v for k, v in extra.items() if v is not None},
                 "written_at": utcnow().strftime("%Y-%m-%dT%H:%M:%SZ")}
-    atomic_write_json(ws.paths.identity, document, mode=0o600)
+    atomic_write_json(ws.files.identity, document, mode=0o600)
     return document
 
 
@@ -79,7 +79,7 @@ def _session_of(ws, agent_id: str, fallback: str | None) -> str | None:
     if not active:
         return fallback if fallback else None
     # fast path: the session its own heartbeat names, when it is active and holds the agent
-    doc = read_heartbeat(ws.paths.heartbeat(agent_id)).doc or {}
+    doc = read_heartbeat(ws.files.heartbeat(agent_id)).doc or {}
     hinted = doc.get("session_id")
     if hinted in active and _registered(ws, hinted, agent_id):
         return hinted
@@ -149,6 +149,16 @@ def resolve(ws, who: Who | None = None, env=None, required: bool = True, need_se
         ident = read_identity_file(ws)
     ident_matches = ident is not None and ident.get("agent_id") == agent
     ident_session = ident.get("session_id") if ident_matches and isinstance(ident.get("session_id"), str) else None
+    if ident_session is not None:
+        try:
+            validate_session_id(ident_session, "identity.json session_id")
+        except UsageError:
+            if source != "identity.json":
+                ident_session = None  # only a hint for a caller that named itself: a broken one is ignored
+            elif not required:
+                return None
+            else:
+                raise
 
     session = who.session_id or env_session
     if session is None:

@@ -163,7 +163,7 @@ def _wrap(tokens, width: int, colour: bool) -> list[str]:
 
 def render(data: dict, width: int = 80, colour: bool = False, now: datetime | None = None) -> str:
     """The screen as text: no line longer than `width` (colour codes aside)."""
-    width = max(width, 60)
+    width = min(max(width, 60), 1000)  # a huge --width would pad every line with gigabytes of spaces
     now = now or parse_ts(data["generated_at"])
     stamp = data["generated_at"][:19] + "Z"
     head = f"synapolis · {data['state_dir']}"

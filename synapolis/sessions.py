@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from datetime import datetime, timedelta
 
 from .atomic import atomic_write_json, locked, read_json
@@ -51,7 +52,7 @@ def create_session(ws, session_id: str | None = None, now: datetime | None = Non
 
 def read_session(ws, session_id: str) -> dict:
     """session.json of `session_id`; NotFoundError when there is no such session."""
-    path = ws.paths.session_json(session_id)
+    path = ws.files.session_json(session_id)  # a str: hooks read this on every call, without pathlib
     try:
         document = read_json(path)
     except FileNotFoundError:
@@ -88,15 +89,17 @@ def reopen_session(ws, session_id: str, now: datetime | None = None) -> dict:
 
 def all_sessions(ws) -> list[dict]:
     """Every readable session.json, oldest id first."""
-    folder = ws.paths.sessions
-    if not folder.is_dir():
+    folder = ws.files.sessions  # plain strings: a beat that names no session looks here, without pathlib
+    try:
+        names = sorted(os.listdir(folder))
+    except (FileNotFoundError, NotADirectoryError):
         return []
     found = []
-    for child in sorted(folder.iterdir()):
-        if not child.is_dir() or child.name.startswith("."):
+    for name in names:
+        if name.startswith(".") or not os.path.isdir(os.path.join(folder, name)):
             continue
         try:
-            document = read_session(ws, child.name)
+            document = read_session(ws, name)
         except (NotFoundError, UsageError):  # a stray folder or broken file is simply not a session
             continue
         found.append(document)

@@ -10,13 +10,8 @@ import re
 from datetime import datetime, timedelta
 
 from .errors import ForbiddenError, NotFoundError, RateLimitedError, UsageError
-from .names import is_subagent_of, validate_agent_id
+from .names import check_text, is_subagent_of, sha256 as _sha256, validate_agent_id
 from .sessions import agent_row, is_live, ts
-
-try:  # the builtin SHA-256: hashlib would load OpenSSL, ~6 ms of every CLI call
-    from _sha256 import sha256 as _sha256
-except ImportError:  # pragma: no cover - builds without it (3.12 renamed it _sha2)
-    from hashlib import sha256 as _sha256
 
 TYPES = ("inform", "query", "delegate", "ack", "warn", "sleep_event", "sleep_request")
 METHODS = ("startup_drain", "piggyback", "poll", "push", "hook")
@@ -111,8 +106,15 @@ def query(conn, agent_id: str, *, unread_only: bool = True, include_history: boo
         inner, args = _visible_select(agent_id, bfloor, dfloor)
         order = "DESC"
     inner += f" ORDER BY sequence {order} LIMIT ?"
-    args.append(-1 if limit is None else int(limit))
+    args.append(_sql_limit(limit))
     return [as_dict(r) for r in _with_reader_fields(conn, agent_id, inner, args)]
+
+
+def _sql_limit(limit, extra: int = 0) -> int:
+    """SQLite's LIMIT for `limit` (+`extra`): -1 (none) when unset or beyond its 64-bit integers."""
+    if limit is None or int(limit) + extra >= 2 ** 63:
+        return -1
+    return int(limit) + extra
 
 
 def unread(conn, agent_id: str, limit: int | None = None) -> list[dict]:
@@ -186,7 +188,7 @@ def check_content(content, config) -> str:
         raise UsageError("signal content must be text")
     if content == "":
         raise UsageError("signal content is empty")
-    size = len(content.encode("utf-8", "surrogatepass"))
+    size = len(check_text(content, "signal content").encode("utf-8"))
     if size > int(config.max_content_bytes):
         raise UsageError(f"signal content is {size} bytes, more than max_content_bytes={config.max_content_bytes}")
     return content
@@ -284,7 +286,7 @@ def drain(conn, agent_id: str, method: str, now: datetime, config, limit: int | 
     inner, args = _visible_select(agent_id, max(floor, state["joined_seq"]), floor, _UNREAD + _UNDELIVERED,
                                   [agent_id, agent_id])
     inner += " ORDER BY sequence LIMIT ?"
-    args.append(-1 if limit is None else int(limit) + 1)
+    args.append(_sql_limit(limit, 1))
     fresh = [dict(as_dict(r), offers=0) for r in conn.execute(inner, args).fetchall()]
     again = []
     if method == "hook":
@@ -331,6 +333,21 @@ def drain(conn, agent_id: str, method: str, now: datetime, config, limit: int | 
             s["offer"] = offers
         out.append(s)
     return out
+
+
+def has_undelivered(conn, agent_id: str) -> bool:
+    """Pure: whether `drain` would find a first delivery for the reader now (hook redelivery aside).
+
+    The same selection as `drain`, one row at most, in a read transaction: a long-lived caller whose
+    refresh was coalesced needs no write transaction when this says no (nothing is marked either way).
+    """
+    state = agent_row(conn, agent_id)
+    if state is None:
+        return False
+    floor = state["delivered_upto"]
+    inner, args = _visible_select(agent_id, max(floor, state["joined_seq"]), floor, _UNREAD + _UNDELIVERED,
+                                  [agent_id, agent_id])
+    return conn.execute(f"SELECT 1 FROM ({inner}) LIMIT 1", args).fetchone() is not None
 
 
 def _advance_read_upto(conn, agent_id: str) -> None:

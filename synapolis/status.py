@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from datetime import datetime
 
 from .timeutil import format_ts, parse_ts
@@ -74,8 +75,8 @@ def status_of_agent(paths, agent_id: str, now: datetime, config, previous: dict 
     """The effective status of one agent from its heartbeat file at `now`; 'missing' when it has none."""
     from .heartbeat import read_heartbeat
 
-    path = paths.heartbeat(agent_id)
-    if not path.exists():
+    path = paths.files.heartbeat(agent_id)
+    if not os.path.exists(path):
         return "missing"
     read = read_heartbeat(path)
     if not read.valid:

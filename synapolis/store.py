@@ -7,10 +7,10 @@ backend for agents on several machines can replace this class without touching t
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 import sys
 import threading
-from pathlib import Path
 
 from .errors import BusyError, InternalError, NotFoundError
 
@@ -177,8 +177,8 @@ def _is_busy(exc: BaseException) -> bool:
 class SessionStore:
     """An open connection to one session's database; use `write()` and `read()` for transactions."""
 
-    def __init__(self, path: Path, session_id: str, busy_timeout_ms: int):
-        self.path = Path(path)
+    def __init__(self, path: str | os.PathLike, session_id: str, busy_timeout_ms: int):
+        self.path = os.fspath(path)  # a str: the hot paths never load pathlib (paths.StateFiles)
         self.session_id = session_id
         self.busy_timeout_ms = busy_timeout_ms
         self._lock = threading.RLock()
@@ -197,11 +197,11 @@ class SessionStore:
     @classmethod
     def open(cls, ws, session_id: str, create: bool = False) -> "SessionStore":
         """Open `sessions/<session_id>/session.db`; NotFoundError when missing and not `create`."""
-        path = ws.paths.session_db(session_id)
-        if not path.exists():
+        path = ws.files.session_db(session_id)
+        if not os.path.exists(path):
             if not create:
                 raise NotFoundError(f"unknown session {session_id!r}: no {path}")
-            path.parent.mkdir(parents=True, exist_ok=True)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
         store = cls(path, session_id, int(ws.config.busy_timeout_ms))
         try:
             store._prepare()
@@ -294,7 +294,7 @@ class SessionStore:
         a busy store just skips it, the next closer will do it.
         """
         try:
-            size = self.path.with_name(self.path.name + "-wal").stat().st_size
+            size = os.stat(self.path + "-wal").st_size
         except OSError:
             return
         if size < WAL_TRIM_BYTES:

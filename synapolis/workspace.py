@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from .config import Config, load_config, write_default_config
 from .errors import UsageError
-from .paths import StatePaths, find_state_dir
+from .paths import StateFiles, StatePaths, locate_state_dir
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: the hot paths never load pathlib (paths.StateFiles)
+    from pathlib import Path
 
 
 class Workspace:
@@ -32,22 +35,30 @@ class Workspace:
     def root(self) -> Path:
         return self.paths.root
 
+    @property
+    def files(self) -> StateFiles:
+        """Every file name as a plain str, for the hot paths (no pathlib)."""
+        return self.paths.files
+
     @classmethod
     def open(cls, state_dir: str | os.PathLike | None = None, env=None, cwd=None) -> "Workspace":
-        root = find_state_dir(state_dir, env=env, cwd=cwd)
-        if root.exists() and not root.is_dir():
+        root = locate_state_dir(state_dir, env=env, cwd=cwd)
+        if os.path.exists(root) and not os.path.isdir(root):
             raise UsageError(f"state directory {root} exists and is not a directory")
         paths = StatePaths(root)
-        return cls(paths, load_config(paths.config))
+        return cls(paths, load_config(paths.files.config))
 
     def ensure(self) -> "Workspace":
         """Create the state directory and a default config (idempotent); verbs that write call this."""
+        files = self.files
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            for folder in (self.paths.heartbeats, self.paths.escalations, self.paths.claims,
-                           self.paths.sessions, self.paths.monitor_history):
-                folder.mkdir(exist_ok=True)
-            write_default_config(self.paths.config)
+            for folder in (files.root, files.heartbeats, files.escalations, files.claims, files.sessions,
+                           files.monitor_history):
+                os.makedirs(folder, exist_ok=True)
+            write_default_config(files.config)
         except OSError as exc:
-            raise UsageError(f"cannot create state directory {self.root}: {exc.strerror}") from None
+            # name what failed: the state directory itself, or a file sitting where one of its folders belongs
+            where = exc.filename if exc.filename and os.fspath(exc.filename) != os.fspath(files.root) else None
+            raise UsageError(f"cannot create state directory {files.root}: {exc.strerror}"
+                             + (f" ({where})" if where else "")) from None
         return self

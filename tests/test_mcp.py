@@ -17,6 +17,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning")
 from mcp import Client, MCPError  # noqa: E402
 
 from synapolis import actions  # noqa: E402
+from synapolis.identity import Who  # noqa: E402
 from synapolis.mcp_server import create_server  # noqa: E402
 from synapolis.mcp_watch import inbox_uri, notes_uri, parse_uri  # noqa: E402
 from synapolis.errors import UsageError  # noqa: E402
@@ -314,6 +315,67 @@ def test_legacy_subscribe_is_notified_of_a_cli_signal(server, cli, ws, state_dir
     run(main)
 
 
+def test_a_waiting_verb_never_holds_up_a_push(server, ws):
+    """Verbs run on the event loop only while nobody subscribed; a subscriber's push never waits behind one
+    (here a claim waiting for its holder)."""
+    from mcp.types import CallToolResult
+
+    async def main():
+        seen = Inbox()
+        async with Client(server(), mode=LEGACY, message_handler=seen) as b:
+            session = (await ok(b, "start_session", agent_id="bob"))["session_id"]
+            alice = actions.start(ws, agent_id="alice", session_id=session, env={}, write_identity=False)
+            who = Who("alice", session, alice["run_token"])
+            actions.claim(ws, who, "ticket:1", env={})
+            mine = inbox_uri(session, "bob")
+            await b.session.subscribe_resource(mine)
+            answer: list[CallToolResult] = []
+
+            async def wait_for_the_claim():
+                answer.append(await b.call_tool("claim", {"item": "ticket:1", "wait_s": 4}))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(wait_for_the_claim)
+                await anyio.sleep(0.3)  # the claim is waiting now
+                await anyio.to_thread.run_sync(lambda: actions.signal(ws, who, "bob", "while you wait", env={}))
+                await seen.wait_for(mine)
+                assert answer == []  # the push came while the claim still waited
+            assert answer[0].is_error and answer[0].content[0].text.startswith("ConflictError (exit 3)")
+    run(main)
+
+
+def test_once_subscribed_a_verb_on_a_locked_store_waits_off_the_event_loop(server, ws, state_dir):
+    """Before any subscription verbs run on the event loop; after one, on threads: a verb waiting for a store
+    that another process holds locked (up to busy_timeout_ms) does not hold up the notes push."""
+    from synapolis import board
+    from synapolis.timeutil import utcnow
+
+    async def main():
+        seen = Inbox()
+        async with Client(server(), mode=LEGACY, message_handler=seen) as b:
+            session = (await ok(b, "start_session", agent_id="bob"))["session_id"]
+            await b.session.subscribe_resource(notes_uri(session))
+            locker = sqlite3.connect(str(state_dir / "sessions" / session / "session.db"), isolation_level=None)
+            locker.execute("BEGIN IMMEDIATE")  # another writer, mid-transaction
+            answer = []
+
+            async def write():
+                answer.append(await b.call_tool("write_whiteboard", {"key": "k", "value": "v"}))
+
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(write)
+                    await anyio.sleep(0.3)  # the call waits for the lock now
+                    await anyio.to_thread.run_sync(lambda: board.append_note(ws, session, "bob", "meanwhile", utcnow()))
+                    await seen.wait_for(notes_uri(session))
+                    assert answer == []
+                    locker.execute("COMMIT")
+            finally:
+                locker.close()
+            assert not answer[0].is_error, answer[0].content[0].text
+    run(main)
+
+
 def test_listen_stream_is_notified_of_cli_signals_and_notes(server, cli, ws):
     async def main():
         async with Client(server(), mode=MODERN) as b:
@@ -371,9 +433,10 @@ def test_watcher_falls_back_to_polling_when_inotify_is_unavailable(server, cli, 
         srv = server()
         async with Client(srv, mode=LEGACY, message_handler=seen) as b:
             session = (await ok(b, "start_session", agent_id="bob"))["session_id"]
-            assert srv.state.watcher.observer_kind == "PollingObserver"
+            assert srv.state.watcher is None  # no subscriber yet: nothing to watch for
             actions.start(ws, agent_id="alice", session_id=session, env={}, write_identity=False)
             await b.session.subscribe_resource(inbox_uri(session, "bob"))
+            assert srv.state.watcher.observer_kind == "PollingObserver"
             await _cli(cli, "signal", "bob", "polled", "--agent-id", "alice")
             await seen.wait_for(inbox_uri(session, "bob"))
     run(main)

@@ -198,6 +198,10 @@ def main(argv=None):
     hook = _hook_call(args)
     if hook is not None:
         _hook_main(*hook)
+    _click_main(args)
+
+
+def _click_main(args) -> None:
     import click
 
     group = _build()

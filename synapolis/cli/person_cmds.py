@@ -11,6 +11,11 @@ from ..hooks import HARNESS_NAMES
 from .common import emit, json_option, workspace
 
 
+def _tty() -> bool:
+    # stdout may be closed altogether (`synapolis status >&-`): then it is no terminal
+    return sys.stdout is not None and sys.stdout.isatty()
+
+
 def _state_dir(ctx: click.Context):
     return (ctx.find_root().obj or {}).get("state_dir")
 
@@ -98,7 +103,7 @@ def doctor_cmd(ctx, project_dir, as_json):
     from ..paths import find_state_dir
 
     report = run_doctor(find_state_dir(_state_dir(ctx)), project_dir)
-    colour = not as_json and sys.stdout.isatty()
+    colour = not as_json and _tty()
     marks = {"ok": ("ok", "green"), "warn": ("WARN", "yellow"), "fail": ("FAIL", "red")}
 
     def text(d):
@@ -131,8 +136,8 @@ def status_cmd(ctx, watch, width, as_json):
     from .. import overview
 
     ws = workspace(ctx)
-    colour = not as_json and sys.stdout.isatty()
-    columns = width or (shutil.get_terminal_size((80, 24)).columns if sys.stdout.isatty() else 80)
+    colour = not as_json and _tty()
+    columns = width or (shutil.get_terminal_size((80, 24)).columns if _tty() else 80)
 
     def draw(clear: bool):
         data = overview.collect(ws)
@@ -140,7 +145,7 @@ def status_cmd(ctx, watch, width, as_json):
             emit(True, data)
             return
         screen = overview.render(data, width=columns, colour=colour)
-        if clear and sys.stdout.isatty():
+        if clear and _tty():
             click.clear()
         click.echo(screen)
 

@@ -13,10 +13,25 @@ from .common import (agent_options, ago, emit, identity_options, one_line, pass_
                      with_pending)
 
 
-def _content(value: str) -> str:
+def _content(value: str, ws) -> str:
+    """VALUE itself, or for '-' stdin as UTF-8 text without its final newline.
+
+    Read as bytes and bounded by max_content_bytes: an endless pipe must not fill memory, and bytes
+    that are not UTF-8 are a usage error (exit 2), not a crash.
+    """
     if value != "-":
         return value
-    text = click.get_text_stream("stdin").read()
+    from ..errors import UsageError
+
+    limit = int(ws.config.max_content_bytes)
+    # limit + 2: room for a final newline, then one byte too many to tell that it is too long
+    data = sys.stdin.buffer.read(limit + 2) if sys.stdin is not None else b""
+    if len(data) > limit + 1 or (len(data) == limit + 1 and not data.endswith(b"\n")):
+        raise UsageError(f"stdin holds more than max_content_bytes={limit} bytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"stdin is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     return text[:-1] if text.endswith("\n") else text
 
 
@@ -105,7 +120,7 @@ def signal_cmd(ws, to, content, type_, sender_id, reply_to, who, piggyback, as_j
 
     Example: synapolis signal bob "tests are green, merge when ready" --type inform
     """
-    data = actions.signal(ws, who, to, _content(content), type=type_, sender_id=sender_id, reply_to=reply_to,
+    data = actions.signal(ws, who, to, _content(content, ws), type=type_, sender_id=sender_id, reply_to=reply_to,
                           piggyback=piggyback)
 
     def text(d):
@@ -185,7 +200,7 @@ def note_cmd(ws, text, who, piggyback, as_json):
 
     Example: synapolis note "starting on the parser; src/parse.py is mine"
     """
-    data = actions.note(ws, who, _content(text), piggyback=piggyback)
+    data = actions.note(ws, who, _content(text, ws), piggyback=piggyback)
     emit(as_json, data, lambda d: with_pending(f"note #{d['note']['seq']} added", d))
 
 
@@ -213,7 +228,7 @@ def whiteboard_write_cmd(ws, key, value, who, piggyback, as_json):
 
     Example: synapolis whiteboard-write release-branch "release/2.4"
     """
-    data = actions.whiteboard_write(ws, who, key, _content(value), piggyback=piggyback)
+    data = actions.whiteboard_write(ws, who, key, _content(value, ws), piggyback=piggyback)
     emit(as_json, data, lambda d: with_pending(f"{d['entry']['key']} = {one_line(d['entry']['value'])}", d))
 
 

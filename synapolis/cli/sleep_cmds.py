@@ -18,7 +18,8 @@ def read_memories_input(source: str | None) -> bytes | None:
         return None
     try:
         if source == "-":
-            data = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
+            # no stdin at all (closed by the caller) reads as empty: zero memories
+            data = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1) if sys.stdin is not None else b""
         else:
             with open(source, "rb") as handle:
                 data = handle.read(MAX_INPUT_BYTES + 1)

@@ -1,0 +1,169 @@
+"""Start-up cost, by what loads: the paths a harness runs on every tool call (beat, signal, read-signals,
+hook) and --help import none of the heavy libraries, a hook does not import click, and the hot paths
+skip the stdlib modules that were measured to cost most (benchmarks/RESULTS.md has the timings).
+
+Real processes under `python -X importtime`, which names every module a run imports; no timing here.
+They run with `-S` and the site directories on PYTHONPATH: what a clean virtualenv loads. Site-wide
+.pth files (this machine's global interpreter has some) import pathlib and more before synapolis
+starts, which would hide what synapolis itself imports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import site
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from synapolis import actions
+from synapolis.hooks import agent_id_for
+from synapolis.identity import Who
+from synapolis.workspace import Workspace
+
+# never on these paths (docs/DESIGN.md, start-up cost): each costs tens of milliseconds or more
+HEAVY = {"jsonschema", "dateutil", "watchdog", "mcp", "filelock", "asyncio"}
+# stdlib modules kept off the hot paths on purpose, each worth a few percent of a bare `import click`:
+# pathlib (with urllib.parse and ipaddress: use Workspace.files), OpenSSL behind hashlib/hmac/secrets,
+# ctypes (store.py calls sqlite3_db_config through _ctypes), dataclasses (plain classes instead)
+WEIGHTY = {"pathlib", "urllib", "ipaddress", "hashlib", "hmac", "secrets", "ctypes", "dataclasses"}
+CONVERSATION = "0f7e6d5c-1111-2222-3333-444455556666"
+# this checkout first, then the installed libraries, as plain folders: no .pth file runs
+CLEAN_PATH = os.pathsep.join([str(Path(__file__).resolve().parents[1]), *site.getsitepackages()])
+
+
+def _env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SYNAPOLIS_")}
+    env.update(PYTHONPATH=CLEAN_PATH, **extra)
+    return env
+
+
+def loaded(*args: str, stdin: str | None = None, env: dict | None = None) -> tuple[set[str], subprocess.CompletedProcess]:
+    """Run `python -S -X importtime -m synapolis ARGS`; (top-level names of every module it imported, the run)."""
+    done = subprocess.run([sys.executable, "-S", "-X", "importtime", "-m", "synapolis", *args], input=stdin,
+                          capture_output=True, text=True, timeout=60, env=env or _env())
+    names = set()
+    for line in done.stderr.splitlines():
+        fields = line.split("|")
+        if line.startswith("import time:") and len(fields) == 3 and fields[1].strip().isdigit():
+            names.add(fields[2].strip().split(".")[0])
+    assert names, f"no -X importtime output: {done.stderr[-500:]}"
+    return names, done
+
+
+def _stderr(done: subprocess.CompletedProcess) -> str:
+    return "\n".join(line for line in done.stderr.splitlines() if not line.startswith("import time:"))
+
+
+@pytest.fixture
+def pair(state_dir):
+    """alice and bob registered in one session (through the library: quick, and nothing to measure)."""
+    ws = Workspace.open(state_dir).ensure()
+    sid = actions.start(ws, agent_id="alice", env={})["session_id"]
+    actions.start(ws, agent_id="bob", session_id=sid, env={})
+    return ws, sid
+
+
+def _hook_event(name: str, **fields) -> str:
+    return json.dumps({"session_id": CONVERSATION, "hook_event_name": name, "cwd": "/nonexistent", **fields})
+
+
+# -- beat, signal, read-signals ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("verb", [
+    ["beat", "--task", "startup test"],
+    ["signal", "bob", "hello from a test"],
+    ["read-signals", "--all"],
+], ids=lambda verb: verb[0])
+def test_agent_verbs_load_nothing_heavy(pair, state_dir, verb):
+    _ws, sid = pair
+    names, done = loaded("--state-dir", str(state_dir), *verb, "--agent-id", "alice", "--session-id", sid, "--json")
+    assert done.returncode == 0, _stderr(done)
+    json.loads(done.stdout)  # a real answer, not an error that stopped early
+    assert not names & HEAVY, sorted(names & HEAVY)
+    assert not names & WEIGHTY, sorted(names & WEIGHTY)
+    assert "click" in names  # the control: importtime saw the whole run
+
+
+def test_a_beat_with_a_run_token_and_no_session_named_stays_light(pair, state_dir):
+    """Identity from the environment (as `eval "$(synapolis start --export)"` sets it): the token check
+    and the search for the agent's session load neither OpenSSL nor pathlib."""
+    ws, _sid = pair
+    token = json.loads(open(ws.files.identity, encoding="utf-8").read())["run_token"]  # bob's, written last
+    names, done = loaded("--state-dir", str(state_dir), "beat", env=_env(SYNAPOLIS_AGENT_ID="bob",
+                                                                        SYNAPOLIS_RUN_TOKEN=token))
+    assert done.returncode == 0, _stderr(done)
+    assert not names & (HEAVY | WEIGHTY), sorted(names & (HEAVY | WEIGHTY))
+
+
+def test_a_first_beat_into_a_fresh_state_dir_stays_light(tmp_path):
+    names, done = loaded("--state-dir", str(tmp_path / "fresh"), "beat", "--agent-id", "newcomer")
+    assert done.returncode == 0, _stderr(done)
+    assert (tmp_path / "fresh" / "heartbeats" / "newcomer.json").is_file()
+    assert not names & (HEAVY | WEIGHTY), sorted(names & (HEAVY | WEIGHTY))
+
+
+# -- hooks ------------------------------------------------------------------------------------------
+
+def test_hook_calls_load_neither_click_nor_anything_heavy(pair, state_dir):
+    ws, _sid = pair
+    args = ("--state-dir", str(state_dir), "hook", "claude-code")
+    names, done = loaded(*args, stdin=_hook_event("SessionStart", source="startup"))
+    assert done.returncode == 0 and "additionalContext" in done.stdout, _stderr(done)
+    assert not names & (HEAVY | {"click"}), sorted(names & (HEAVY | {"click"}))
+
+    me = agent_id_for("claude-code", CONVERSATION, env={})
+    actions.signal(ws, Who("alice"), me, "review src/api.py please", env={})
+    names, done = loaded(*args, stdin=_hook_event("PostToolUse", tool_name="Bash", tool_input={"command": "ls"}))
+    assert done.returncode == 0 and "review src/api.py please" in done.stdout, _stderr(done)
+    assert not names & (HEAVY | WEIGHTY | {"click"}), sorted(names & (HEAVY | WEIGHTY | {"click"}))
+
+    names, done = loaded(*args, stdin=_hook_event("Stop"))
+    assert done.returncode == 0 and json.loads(done.stdout) == {}, _stderr(done)
+    assert not names & (HEAVY | WEIGHTY | {"click"}), sorted(names & (HEAVY | WEIGHTY | {"click"}))
+
+
+def test_hook_without_click_keeps_the_contract(state_dir):
+    """The click-free path: garbage in is exit 0 with `{}` and a line on stderr; `--state-dir=DIR` and
+    $SYNAPOLIS_STATE_DIR both name the state directory."""
+    names, done = loaded("--state-dir", str(state_dir), "hook", "claude-code", stdin="{not json")
+    assert done.returncode == 0 and json.loads(done.stdout) == {}
+    assert "not JSON" in _stderr(done) and "Traceback" not in done.stderr
+    assert "click" not in names
+
+    names, done = loaded(f"--state-dir={state_dir}", "hook", "gemini-cli", stdin=_hook_event("SessionStart"))
+    assert done.returncode == 0 and "additionalContext" in done.stdout and "click" not in names, _stderr(done)
+    names, done = loaded("hook", "codex", stdin=_hook_event("SessionStart"), env=_env(SYNAPOLIS_STATE_DIR=str(state_dir)))
+    assert done.returncode == 0 and "click" not in names, _stderr(done)
+    assert len(os.listdir(state_dir / "hooks")) == 2  # one conversation state per harness, same state dir
+
+    names, done = loaded("hook", "no-such-harness", stdin=_hook_event("Stop"), env=_env(SYNAPOLIS_STATE_DIR=str(state_dir)))
+    assert done.returncode == 0 and json.loads(done.stdout) == {} and "unknown harness" in _stderr(done)
+
+
+def test_hook_spellings_click_parses_behave_the_same(pair, state_dir):
+    """Anything but the plain `[--state-dir DIR] hook HARNESS` goes through click, to the same handler."""
+    names, done = loaded("--state-dir", str(state_dir), "hook", "--", "claude-code", stdin=_hook_event("Stop"))
+    assert done.returncode == 0 and json.loads(done.stdout) == {}, _stderr(done)
+    assert "click" in names  # it did take the other road
+    assert not names & HEAVY
+
+    _names, done = loaded("--state-dir", str(state_dir), "hook")
+    assert done.returncode == 2 and "Missing argument 'HARNESS'" in _stderr(done)
+    _names, done = loaded("--state-dir", str(state_dir), "hook", "claude-code", "extra")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    _names, done = loaded("hook", "--help")
+    assert done.returncode == 0 and "Example:" in done.stdout
+
+
+# -- help -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args", [["--help"], ["beat", "--help"], ["signal", "--help"], ["hook", "--help"]],
+                         ids=" ".join)
+def test_help_loads_nothing_heavy(args):
+    names, done = loaded(*args)
+    assert done.returncode == 0 and "Usage:" in done.stdout, _stderr(done)
+    assert not names & HEAVY, sorted(names & HEAVY)
