@@ -237,6 +237,7 @@ def _worker(state_dir: str, agent_id: str) -> int:
     ws = Workspace.open(state_dir)
     who = Who(agent_id)
     stop_beating = threading.Event()
+    beater = threading.Thread(target=lambda: beat_forever(), daemon=True)
 
     def beat_forever():
         while not stop_beating.wait(BEAT_EVERY_S):
@@ -262,12 +263,17 @@ def _worker(state_dir: str, agent_id: str) -> int:
         if op == "exit":
             break
         if op == "tired":
-            stop_beating.set()  # a tired agent stops declaring itself active
+            # a tired agent stops declaring itself active; wait out a beat already under way, or it
+            # could land after `tired` and mark the agent active again (the next agent would stand by)
+            stop_beating.set()
+            if beater.is_alive():
+                beater.join(STEP_TIMEOUT_S)
         try:
             result = ops[op](request)
             if op == "start":
                 who = Who(agent_id, result["session_id"], result["run_token"])
-                threading.Thread(target=beat_forever, daemon=True).start()
+                if not beater.is_alive():
+                    beater.start()
             answer = {"ok": True, "result": result}
         except SynapolisError as exc:
             answer = {"ok": False, "error": exc.to_json()["error"]}
