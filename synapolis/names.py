@@ -28,7 +28,8 @@ def _shown(value) -> str:
     return text if len(text) <= 60 else text[:57] + "...'"
 
 
-def validate_agent_id(value, what: str = "agent id") -> str:
+def _check_id(value, what: str) -> str:
+    """The rules agent ids and session ids share: non-empty, <= 128, ^[A-Za-z0-9_.-]+$, not . or .."""
     if not isinstance(value, str) or value == "":
         raise UsageError(f"{what} must not be empty (rule: ^[A-Za-z0-9_.-]+$, at most {MAX_ID} characters)")
     if len(value) > MAX_ID:
@@ -37,21 +38,18 @@ def validate_agent_id(value, what: str = "agent id") -> str:
         raise UsageError(f"{what} {_shown(value)} breaks the rule ^[A-Za-z0-9_.-]+$")
     if value in (".", ".."):
         raise UsageError(f"{what} {_shown(value)} may not be '.' or '..'")
+    return value
+
+
+def validate_agent_id(value, what: str = "agent id") -> str:
+    _check_id(value, what)
     if any(part == "" for part in value.split(".")):
         raise UsageError(f"{what} {_shown(value)} has an empty dot-segment (leading, trailing or doubled '.')")
     return value
 
 
 def validate_session_id(value, what: str = "session id") -> str:
-    if not isinstance(value, str) or value == "":
-        raise UsageError(f"{what} must not be empty (rule: ^[A-Za-z0-9_.-]+$, at most {MAX_ID} characters)")
-    if len(value) > MAX_ID:
-        raise UsageError(f"{what} {_shown(value)} is longer than {MAX_ID} characters")
-    if not _ID_RE.fullmatch(value):
-        raise UsageError(f"{what} {_shown(value)} breaks the rule ^[A-Za-z0-9_.-]+$")
-    if value in (".", ".."):
-        raise UsageError(f"{what} {_shown(value)} may not be '.' or '..'")
-    return value
+    return _check_id(value, what)
 
 
 def validate_claim_item(value, what: str = "claim item") -> str:
