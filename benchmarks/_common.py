@@ -82,3 +82,10 @@ def write_section(section: str, body: str, path: Path = RESULTS) -> None:
     else:
         new = old.rstrip("\n") + "\n\n" + block + "\n"
     path.write_text(new, "utf-8")
+
+
+def publish(section: str, text: str, write: bool = True) -> None:
+    """Print a benchmark's section and, unless told not to (--no-write), put it into RESULTS.md."""
+    print(text)
+    if write:
+        write_section(section, text)

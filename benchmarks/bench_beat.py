@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import bench_env, interpreter, machine, synapolis_cmd, timed, write_section
+from _common import bench_env, interpreter, machine, synapolis_cmd, timed, publish
 
 SECTION = "bench_beat"
 TARGET = 1.5
@@ -65,9 +65,7 @@ def main() -> int:
     lines += [f"| {name} | {median * 1000:.1f} ms | {ratio:.2f}x |" for name, median, ratio in rows]
     lines += ["", f"Target: at most {TARGET}x the baseline — {verdict}."]
     text = "\n".join(lines)
-    print(text)
-    if not args.no_write:
-        write_section(SECTION, text)
+    publish(SECTION, text, write=not args.no_write)
     return 0 if worst <= TARGET else 1
 
 

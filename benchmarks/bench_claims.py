@@ -120,7 +120,7 @@ def main() -> int:
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     args = parser.parse_args()
 
-    from _common import machine, write_section
+    from _common import machine, publish
 
     load_before = os.getloadavg()[0]
     runs = {mode: [] for mode in MODES}
@@ -161,9 +161,7 @@ def main() -> int:
         f"{bare['attempts_per_s'] / cycle['wins_per_s']:.1f}x a bare write, for two durable writes "
         "(claim and release) under a lock instead of one with none.",
     ])
-    print(text)
-    if not args.no_write:
-        write_section(SECTION, text)
+    publish(SECTION, text, write=not args.no_write)
     return 0
 
 

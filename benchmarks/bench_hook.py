@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import bench_env, interpreter, machine, synapolis_cmd, timed, write_section
+from _common import bench_env, interpreter, machine, synapolis_cmd, timed, publish
 
 SECTION = "bench_hook"
 
@@ -80,9 +80,7 @@ def main() -> int:
     lines += [f"| {name} | {value * 1000:.1f} ms | {ratio:.2f}x |" for name, value, ratio in rows]
     lines += ["", f"Target: at most 1.5x the baseline — {verdict}."]
     text = "\n".join(lines)
-    print(text)
-    if not args.no_write:
-        write_section(SECTION, text)
+    publish(SECTION, text, write=not args.no_write)
     return 0
 
 

@@ -27,7 +27,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from _common import bench_env, machine, synapolis_cmd, write_section
+from _common import bench_env, machine, synapolis_cmd, publish
 
 SECTION = "bench_mcp"
 
@@ -336,9 +336,7 @@ def main() -> int:
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     args = parser.parse_args()
     text = anyio.run(run, args)
-    print(text)
-    if not args.no_write:
-        write_section(SECTION, text)
+    publish(SECTION, text, write=not args.no_write)
     return 0
 
 

@@ -24,7 +24,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from _common import bench_env, machine, synapolis_cmd, write_section
+from _common import bench_env, machine, synapolis_cmd, publish
 
 
 SECTION = "bench_monitor"
@@ -138,9 +138,7 @@ def main() -> int:
              row(f"`synapolis monitor` as a process (median of {args.passes})", cli_run),
              "", f"Target: under {TARGET_S:.0f} s — {verdict}."]
     text = "\n".join(lines)
-    print(text)
-    if not args.no_write:
-        write_section(SECTION, text)
+    publish(SECTION, text, write=not args.no_write)
     return 0 if worst_wall < TARGET_S else 1
 
 

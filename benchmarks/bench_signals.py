@@ -24,7 +24,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from _common import bench_env, interpreter, machine, synapolis_cmd, timed, write_section
+from _common import bench_env, interpreter, machine, synapolis_cmd, timed, publish
 
 from synapolis import actions, signals
 from synapolis.identity import Who
@@ -191,9 +191,7 @@ def main() -> int:
         f"Query plan of a directed branch: `{'; '.join(unread['plan'])}`. The inbox query is a UNION ALL of "
         "three index range scans (broadcasts, to me, to my sub-agents) above the reader's `read_upto` watermark.",
     ])
-    print(body)
-    if not args.no_write:
-        write_section(SECTION, body)
+    publish(SECTION, body, write=not args.no_write)
     return 0
 
 

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import call_ms, machine, write_section
+from _common import call_ms, machine, publish
 
 SECTION = "bench_sleep"
 
@@ -125,9 +125,7 @@ def main() -> None:
         "|---|---|---|",
         *rows,
     ])
-    print(text)
-    if not args.no_write:
-        write_section(SECTION, text)
+    publish(SECTION, text, write=not args.no_write)
 
 
 if __name__ == "__main__":
