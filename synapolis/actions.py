@@ -679,6 +679,18 @@ def _finish_read(call, result: dict) -> dict:
     return call.finish(result)
 
 
+def _stores(ws, call, session_ids):
+    """each_store, but the caller's own session is read through the store its call already holds (in
+    the MCP server a kept connection): one open less on every read verb."""
+    own = call.store if call is not None else None
+    for sid in session_ids:
+        if own is not None and sid == call.session_id:
+            with own.read() as conn:
+                yield sid, conn
+        else:
+            yield from each_store(ws, [sid])
+
+
 def list_agents(ws, who: Who | None = None, *, session_id: str | None = None, env=None, piggyback: bool = True,
                 now: datetime | None = None) -> dict:
     """The session's agents (every active session's when none is named or resolved) with registry
@@ -689,7 +701,7 @@ def list_agents(ws, who: Who | None = None, *, session_id: str | None = None, en
     with as_agent(ws, _who(who, session_id), env=env, piggyback=piggyback, mutation=False, required=False,
                   now=now) as call:
         agents = []
-        for sid, conn in each_store(ws, _read_scope(ws, call, session_id, several_ok=True)):
+        for sid, conn in _stores(ws, call, _read_scope(ws, call, session_id, several_ok=True)):
             for r in conn.execute("SELECT * FROM agents ORDER BY id").fetchall():
                 agents.append({"id": r["id"], "session_id": sid, "harness": r["harness"],
                                "substrate": r["substrate"] or None, "status": r["status"],
