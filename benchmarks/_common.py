@@ -89,3 +89,9 @@ def publish(section: str, text: str, write: bool = True) -> None:
     print(text)
     if write:
         write_section(section, text)
+
+
+def ratio_table(rows) -> list[str]:
+    """Markdown rows for (name, median seconds, ratio to the baseline), with the header."""
+    return ["| what | median | vs baseline |", "|---|---|---|"] + [
+        f"| {name} | {seconds * 1000:.1f} ms | {ratio:.2f}x |" for name, seconds, ratio in rows]

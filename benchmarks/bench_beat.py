@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import bench_env, interpreter, machine, synapolis_cmd, timed, publish
+from _common import bench_env, interpreter, machine, synapolis_cmd, timed, publish, ratio_table
 
 SECTION = "bench_beat"
 TARGET = 1.5
@@ -60,9 +60,7 @@ def main() -> int:
              f"Machine: {machine()} · load average {load:.1f} when measured  ",
              f"Command: `{Path(sys.executable).name} benchmarks/bench_beat.py --runs {args.runs}` ({args.runs} "
              f"interleaved runs each, median wall time of a subprocess; the `{Path(beat[0]).name}` console script)  ",
-             interpreter(), "",
-             "| what | median | vs baseline |", "|---|---|---|"]
-    lines += [f"| {name} | {median * 1000:.1f} ms | {ratio:.2f}x |" for name, median, ratio in rows]
+             interpreter(), "", *ratio_table(rows)]
     lines += ["", f"Target: at most {TARGET}x the baseline — {verdict}."]
     text = "\n".join(lines)
     publish(SECTION, text, write=not args.no_write)

@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import bench_env, interpreter, machine, synapolis_cmd, timed, publish
+from _common import bench_env, interpreter, machine, synapolis_cmd, timed, publish, ratio_table
 
 SECTION = "bench_hook"
 
@@ -75,9 +75,7 @@ def main() -> int:
              f"Machine: {machine()}; load average {load} at the end. Command: "
              f"`{Path(sys.executable).name} benchmarks/bench_hook.py --runs {args.runs}` (interleaved runs, "
              f"medians; the console script `{Path(hook[0]).name}`).  ",
-             interpreter(), "",
-             "| what | median | vs baseline |", "|---|---|---|"]
-    lines += [f"| {name} | {value * 1000:.1f} ms | {ratio:.2f}x |" for name, value, ratio in rows]
+             interpreter(), "", *ratio_table(rows)]
     lines += ["", f"Target: at most 1.5x the baseline — {verdict}."]
     text = "\n".join(lines)
     publish(SECTION, text, write=not args.no_write)
