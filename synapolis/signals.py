@@ -64,18 +64,48 @@ def _reader(conn, agent_id: str):
     return row
 
 
-def _visible_select(agent_id: str, bfloor: int, dfloor: int, extra: str = "", extra_args=()) -> tuple[str, list]:
-    """The caller's visible signals after the floors, as a UNION ALL each branch of which an index serves."""
+MAX_FAMILY_SEEKS = 64  # sub-agent recipients served by one index seek each; more: one range scan
+
+
+def _family_recipients(conn, agent_id: str) -> list[str] | None:
+    """The distinct sub-agent recipients (`a.x`, `a.x.y`) signals were sent to, each found by one seek
+    of the recipient index; None when there are more than MAX_FAMILY_SEEKS (the caller scans the range)."""
+    lo, hi = _family(agent_id)
+    found, last = [], lo
+    while len(found) <= MAX_FAMILY_SEEKS:
+        row = conn.execute("SELECT recipient FROM signals WHERE recipient > ? AND recipient < ? "
+                           "ORDER BY recipient LIMIT 1", (last, hi)).fetchone()
+        if row is None:
+            return found
+        found.append(row[0])
+        last = row[0] + "\x00"  # the next recipient after this one (ids never hold NUL)
+    return None
+
+
+def _visible_select(conn, agent_id: str, bfloor: int, dfloor: int, extra: str = "",
+                    extra_args=()) -> tuple[str, list]:
+    """The caller's visible signals after the floors, as a UNION ALL each branch of which an index serves.
+
+    Each branch is an equality on the recipient and a range on the sequence of `signals_by_recipient`,
+    so it comes out ordered by sequence and `ORDER BY sequence LIMIT n` stops after n rows: a page costs
+    the same whatever the session holds. Sub-agents get one branch each (found by index seeks); a range
+    on the recipient could not keep that order, and SQLite would rather walk the whole table by rowid.
+    """
     lo, hi = _family(agent_id)
     branches = [
         ("s.recipient = '*' AND s.sequence > ? AND s.sender != ? AND NOT (s.sender > ? AND s.sender < ?)",
          [bfloor, agent_id, lo, hi]),
         ("s.recipient = ? AND s.sequence > ?", [agent_id, dfloor]),
-        ("s.recipient > ? AND s.recipient < ? AND s.sequence > ?", [lo, hi, dfloor]),
     ]
+    family = _family_recipients(conn, agent_id)
+    if family is None:
+        branches.append(("s.recipient > ? AND s.recipient < ? AND s.sequence > ?", [lo, hi, dfloor]))
+    else:
+        branches += [("s.recipient = ? AND s.sequence > ?", [who, dfloor]) for who in family]
     sql, args = [], []
     for where, params in branches:
-        sql.append(f"SELECT {_COLS} FROM signals s WHERE {where}{extra}")
+        source = "signals s INDEXED BY signals_by_recipient" if where.startswith("s.recipient >") else "signals s"
+        sql.append(f"SELECT {_COLS} FROM {source} WHERE {where}{extra}")
         args += params + list(extra_args)
     return " UNION ALL ".join(sql), args
 
@@ -91,23 +121,108 @@ def _with_reader_fields(conn, agent_id: str, inner: str, args: list) -> list:
     return conn.execute(sql, [*args, agent_id, agent_id]).fetchall()
 
 
-def query(conn, agent_id: str, *, unread_only: bool = True, include_history: bool = False,
-          after: int = 0, limit: int | None = None) -> list[dict]:
-    """Pure: the reader's signals oldest first. Unread: the oldest `limit`; otherwise the newest `limit`."""
-    state = _reader(conn, agent_id)
+def _reader_select(conn, state, agent_id: str, unread_only: bool, include_history: bool, after: int,
+                   extra: str = "", extra_args=()) -> tuple[str, list]:
+    """The reader's signals above `after` (unread only, or everything it can see) as one UNION ALL."""
     if unread_only:
         dfloor = max(state["read_upto"], after)
-        bfloor = max(dfloor, 0 if include_history else state["joined_seq"])
-        inner, args = _visible_select(agent_id, bfloor, dfloor, _UNREAD, [agent_id])
-        order = "ASC"
-    else:
-        dfloor = after
-        bfloor = max(after, 0 if include_history else state["joined_seq"])
-        inner, args = _visible_select(agent_id, bfloor, dfloor)
-        order = "DESC"
+        return _visible_select(conn, agent_id, max(dfloor, 0 if include_history else state["joined_seq"]), dfloor,
+                               _UNREAD + extra, [agent_id, *extra_args])
+    return _visible_select(conn, agent_id, max(after, 0 if include_history else state["joined_seq"]), after,
+                           extra, extra_args)
+
+
+def query(conn, agent_id: str, *, unread_only: bool = True, include_history: bool = False,
+          after: int | None = None, limit: int | None = None) -> list[dict]:
+    """Pure: the reader's signals oldest first, unbounded unless `limit` is given (`page` is the bounded
+    read). The oldest `limit` above `after`; everything (not unread_only) without `after`: the newest."""
+    state = _reader(conn, agent_id)
+    inner, args = _reader_select(conn, state, agent_id, unread_only, include_history, after or 0)
+    order = "DESC" if not unread_only and after is None else "ASC"
     inner += f" ORDER BY sequence {order} LIMIT ?"
     args.append(_sql_limit(limit))
     return [as_dict(r) for r in _with_reader_fields(conn, agent_id, inner, args)]
+
+
+# -- bounded answers -------------------------------------------------------------------------------
+# Every answer that carries signals is a page: at most `limit` signals and about `budget_chars`
+# characters of them as JSON, with a count of what is left (up to COUNT_CAP: counting a backlog of
+# 100,000 on every page would make paging through it quadratic) and a cursor to the next page.
+
+PAGE_LIMIT = 100  # read_signals, signals_pending, the inbox resource
+PAGE_BUDGET_CHARS = 64 * 1024
+PIGGYBACK_LIMIT = 20  # attached to the answer of any other verb
+PIGGYBACK_BUDGET_CHARS = 32 * 1024
+COUNT_CAP = 1000  # `remaining` counts up to this; COUNT_CAP means "this many or more"
+
+
+def json_cost(signal: dict) -> int:
+    """About how many characters `signal` takes in a JSON answer: its content escaped, plus the rest."""
+    import json
+
+    return len(json.dumps(signal["content"])) + len(signal["sender"]) + len(signal["recipient"]) + 360
+
+
+def fit(signals: list, limit: int | None, budget_chars: int | None, at_least_one: bool = True) -> int:
+    """How many leading `signals` make a page within `limit` and `budget_chars`. With `at_least_one`
+    the first is always in (one signal over the budget must not stall paging); a hook's hard cap is not."""
+    used = 0
+    for count, item in enumerate(signals):
+        if limit is not None and count >= limit:
+            return count
+        used += json_cost(item)
+        if budget_chars is not None and used > budget_chars and not (at_least_one and count == 0):
+            return count
+    return len(signals)
+
+
+def _count(conn, inner: str, args: list) -> int:
+    return int(conn.execute(f"SELECT count(*) FROM ({inner} LIMIT ?)", [*args, COUNT_CAP]).fetchone()[0])
+
+
+def page(conn, agent_id: str, *, unread_only: bool = True, after: int | None = None, limit: int | None = None,
+         budget_chars: int | None = None) -> dict:
+    """Pure: one page of the reader's signals, oldest first: `signals`, `remaining` (not in the page, in
+    paging order, counted up to COUNT_CAP) and `next_after` (the `after` of the next page; None at the end).
+
+    Unread: the oldest unread above `after`. Everything (not unread_only, history included): with `after`,
+    the oldest above it; without, the newest page, and `remaining` counts the older ones (page through
+    them from `after=0`).
+    """
+    limit = PAGE_LIMIT if limit is None else limit
+    budget_chars = PAGE_BUDGET_CHARS if budget_chars is None else budget_chars
+    state = _reader(conn, agent_id)
+    newest = not unread_only and after is None
+    floor = after or 0
+    inner, args = _reader_select(conn, state, agent_id, unread_only, not unread_only, floor)
+    inner += f" ORDER BY sequence {'DESC' if newest else 'ASC'} LIMIT ?"
+    rows = [as_dict(r) for r in conn.execute(inner, [*args, _sql_limit(limit, 1)]).fetchall()]
+    chosen = rows[:fit(rows, limit, budget_chars)]  # newest: the newest that fit, newest first
+    if newest:
+        chosen.reverse()
+    remaining = 0
+    if len(chosen) < len(rows):
+        if newest:
+            rest, rest_args = _reader_select(conn, state, agent_id, False, True, 0, " AND s.sequence < ?",
+                                             [chosen[0]["sequence"]])
+        else:
+            rest, rest_args = _reader_select(conn, state, agent_id, unread_only, not unread_only,
+                                             chosen[-1]["sequence"])
+        remaining = _count(conn, rest, rest_args)
+    _add_reader_fields(conn, agent_id, chosen)
+    next_after = chosen[-1]["sequence"] if remaining and not newest else None
+    return {"signals": chosen, "remaining": remaining, "next_after": next_after}
+
+
+def _add_reader_fields(conn, agent_id: str, signals: list) -> None:
+    """`read`, `read_at`, `delivered_at`, `delivery_method` of each signal for the reader (index lookups)."""
+    for s in signals:
+        r = conn.execute("SELECT read_at FROM signal_reads WHERE signal_id = ? AND agent_id = ?",
+                         (s["id"], agent_id)).fetchone()
+        d = conn.execute("SELECT delivered_at, delivery_method FROM signal_deliveries "
+                         "WHERE signal_id = ? AND agent_id = ?", (s["id"], agent_id)).fetchone()
+        s.update(read=r is not None, read_at=r[0] if r else None, delivered_at=d[0] if d else None,
+                 delivery_method=d[1] if d else None)
 
 
 def _sql_limit(limit, extra: int = 0) -> int:
@@ -125,12 +240,16 @@ def unread(conn, agent_id: str, limit: int | None = None) -> list[dict]:
 def latest_visible_sequence(conn, agent_id: str) -> int:
     """The newest sequence the reader can see (0 when none): "is there something new for this inbox?"."""
     lo, hi = _family(agent_id)
+    family = _family_recipients(conn, agent_id)
+    queries = [("SELECT sequence FROM signals WHERE recipient = '*' AND sender != ? "
+                "AND NOT (sender > ? AND sender < ?) ORDER BY sequence DESC LIMIT 1", (agent_id, lo, hi))]
+    queries += [("SELECT max(sequence) FROM signals WHERE recipient = ?", (who,))
+                for who in [agent_id, *(family or [])]]
+    if family is None:
+        queries.append(("SELECT max(sequence) FROM signals INDEXED BY signals_by_recipient "
+                        "WHERE recipient > ? AND recipient < ?", (lo, hi)))
     best = 0
-    for sql, args in (
-            ("SELECT sequence FROM signals WHERE recipient = '*' AND sender != ? AND NOT (sender > ? AND sender < ?) "
-             "ORDER BY sequence DESC LIMIT 1", (agent_id, lo, hi)),
-            ("SELECT max(sequence) FROM signals WHERE recipient = ?", (agent_id,)),
-            ("SELECT max(sequence) FROM signals WHERE recipient > ? AND recipient < ?", (lo, hi))):
+    for sql, args in queries:
         row = conn.execute(sql, args).fetchone()
         if row is not None and row[0] is not None:
             best = max(best, int(row[0]))
@@ -271,41 +390,53 @@ def _raise_clock(conn, agent_id: str, lamports) -> None:
 
 def drain(conn, agent_id: str, method: str, now: datetime, config, limit: int | None = None,
           budget_chars: int | None = None) -> list[dict]:
-    """Inside a write transaction: the reader's undelivered unread signals, marked delivered with `method`.
+    """`drain_page` without the count of what is left."""
+    return drain_page(conn, agent_id, method, now, config, limit=limit, budget_chars=budget_chars)[0]
+
+
+def drain_page(conn, agent_id: str, method: str, now: datetime, config, limit: int | None = None,
+               budget_chars: int | None = None) -> tuple[list[dict], int]:
+    """Inside a write transaction: a page of the reader's undelivered unread signals, marked delivered with
+    `method`; (the page, how many undelivered are left, counted up to COUNT_CAP).
 
     For `hook`, also signals a hook delivered that are still unacked after redeliver_after_s, up to
-    three offers in all. `limit` and `budget_chars` (a sum of content lengths) cut the oldest-first
-    list, and only what is returned is marked.
+    three offers in all. `limit` and `budget_chars` (JSON characters, `fit`) cut the oldest-first list
+    (defaults PAGE_LIMIT and PAGE_BUDGET_CHARS), and only what is returned is marked. A hook's budget is
+    a hard cap; any other page holds at least one signal, so paging never stalls.
     """
     if method not in METHODS:
         raise UsageError(f"delivery method must be one of {', '.join(METHODS)}")
     state = agent_row(conn, agent_id)
     if state is None:
-        return []
+        return [], 0
+    limit = PAGE_LIMIT if limit is None else limit
+    budget_chars = PAGE_BUDGET_CHARS if budget_chars is None else budget_chars
     floor = state["delivered_upto"]
-    inner, args = _visible_select(agent_id, max(floor, state["joined_seq"]), floor, _UNREAD + _UNDELIVERED,
+    inner, args = _visible_select(conn, agent_id, max(floor, state["joined_seq"]), floor, _UNREAD + _UNDELIVERED,
                                   [agent_id, agent_id])
-    inner += " ORDER BY sequence LIMIT ?"
-    args.append(_sql_limit(limit, 1))
-    fresh = [dict(as_dict(r), offers=0) for r in conn.execute(inner, args).fetchall()]
+    fresh = [dict(as_dict(r), offers=0) for r in conn.execute(
+        inner + " ORDER BY sequence LIMIT ?", [*args, _sql_limit(limit, 1)]).fetchall()]
     again = []
     if method == "hook":
         cutoff = ts(now - timedelta(seconds=float(config.redeliver_after_s)))
         again = [dict(as_dict(r), offers=r["offers"]) for r in conn.execute(
             f"SELECT {_COLS}, d.offers FROM signal_deliveries d JOIN signals s ON s.id = d.signal_id "
             "WHERE d.agent_id = ? AND d.delivery_method = 'hook' AND d.offers < ? AND d.last_offered_at <= ?"
-            + _UNREAD + " ORDER BY s.sequence", (agent_id, MAX_HOOK_OFFERS, cutoff, agent_id)).fetchall()]
+            + _UNREAD + " ORDER BY s.sequence LIMIT ?",
+            (agent_id, MAX_HOOK_OFFERS, cutoff, agent_id, _sql_limit(limit, 1))).fetchall()]
     candidates = sorted(fresh + again, key=lambda s: s["sequence"])
-    chosen, used, complete = [], 0, True
-    for item in candidates:
-        cost = len(item["content"]) + 200
-        if (limit is not None and len(chosen) >= limit) or (budget_chars is not None and used + cost > budget_chars):
-            complete = False
-            break
-        chosen.append(item)
-        used += cost
+    chosen = candidates[:fit(candidates, limit, budget_chars, at_least_one=method != "hook")]
+    complete = len(chosen) == len(candidates) and len(fresh) <= limit
+    left = [s["sequence"] for s in candidates[len(chosen):] if s["offers"] == 0]
+    remaining = 0
+    if not complete:
+        # the page is a prefix by sequence: what is left is everything undelivered above its last signal
+        above = max([floor] + [s["sequence"] for s in chosen])
+        rest, rest_args = _visible_select(conn, agent_id, max(above, state["joined_seq"]), above,
+                                          _UNREAD + _UNDELIVERED, [agent_id, agent_id])
+        remaining = _count(conn, rest, rest_args)
     if not chosen:
-        return []
+        return [], remaining
     stamp = ts(now)
     new_rows = [(s["id"], agent_id, stamp, method, stamp) for s in chosen if s["offers"] == 0]
     if new_rows:
@@ -320,7 +451,6 @@ def drain(conn, agent_id: str, method: str, now: datetime, config, limit: int | 
     if complete:
         mark = _max_sequence(conn)
     else:
-        left = [s["sequence"] for s in candidates[len(chosen):] if s["offers"] == 0]
         mark = (min(left) - 1) if left else max(firsts, default=floor)
     if mark > floor:
         conn.execute("UPDATE agents SET delivered_upto = ? WHERE id = ? AND delivered_upto < ?", (mark, agent_id, mark))
@@ -332,7 +462,31 @@ def drain(conn, agent_id: str, method: str, now: datetime, config, limit: int | 
         if method == "hook":
             s["offer"] = offers
         out.append(s)
-    return out
+    return out, remaining
+
+
+def mark_delivered(conn, agent_id: str, signals: list, method: str, now: datetime) -> None:
+    """Inside a write transaction: mark those of `signals` (a page just put into an answer to the reader)
+    not yet delivered to it as delivered with `method`, and set their reader fields to say so."""
+    if method not in METHODS:
+        raise UsageError(f"delivery method must be one of {', '.join(METHODS)}")
+    stamp = ts(now)
+    fresh = [s for s in signals if not s.get("delivered_at")]
+    conn.executemany("INSERT OR IGNORE INTO signal_deliveries (signal_id, agent_id, delivered_at, delivery_method, "
+                     "offers, last_offered_at) VALUES (?, ?, ?, ?, 1, ?)",
+                     [(s["id"], agent_id, stamp, method, stamp) for s in fresh])
+    for s in fresh:
+        s.update(delivered_at=stamp, delivery_method=method)
+    _raise_clock(conn, agent_id, [s["lamport"] for s in signals])
+    state = _reader(conn, agent_id)
+    floor = state["delivered_upto"]
+    inner, args = _visible_select(conn, agent_id, max(floor, state["joined_seq"]), floor, _UNREAD + _UNDELIVERED,
+                                  [agent_id, agent_id])
+    # ORDER BY + LIMIT merges the ordered branches and stops at once; min() would read them all
+    row = conn.execute(f"{inner} ORDER BY sequence LIMIT 1", args).fetchone()
+    mark = (int(row["sequence"]) - 1) if row is not None else _max_sequence(conn)
+    if mark > floor:
+        conn.execute("UPDATE agents SET delivered_upto = ? WHERE id = ? AND delivered_upto < ?", (mark, agent_id, mark))
 
 
 def has_undelivered(conn, agent_id: str) -> bool:
@@ -345,7 +499,7 @@ def has_undelivered(conn, agent_id: str) -> bool:
     if state is None:
         return False
     floor = state["delivered_upto"]
-    inner, args = _visible_select(agent_id, max(floor, state["joined_seq"]), floor, _UNREAD + _UNDELIVERED,
+    inner, args = _visible_select(conn, agent_id, max(floor, state["joined_seq"]), floor, _UNREAD + _UNDELIVERED,
                                   [agent_id, agent_id])
     return conn.execute(f"SELECT 1 FROM ({inner}) LIMIT 1", args).fetchone() is not None
 
@@ -353,9 +507,10 @@ def has_undelivered(conn, agent_id: str) -> bool:
 def _advance_read_upto(conn, agent_id: str) -> None:
     state = _reader(conn, agent_id)
     floor = state["read_upto"]
-    inner, args = _visible_select(agent_id, max(floor, state["joined_seq"]), floor, _UNREAD, [agent_id])
-    row = conn.execute(f"SELECT min(sequence) FROM ({inner})", args).fetchone()
-    mark = (int(row[0]) - 1) if row and row[0] is not None else _max_sequence(conn)
+    inner, args = _visible_select(conn, agent_id, max(floor, state["joined_seq"]), floor, _UNREAD, [agent_id])
+    # ORDER BY + LIMIT merges the ordered branches and stops at once; min() would read them all
+    row = conn.execute(f"{inner} ORDER BY sequence LIMIT 1", args).fetchone()
+    mark = (int(row["sequence"]) - 1) if row is not None else _max_sequence(conn)
     if mark > floor:
         conn.execute("UPDATE agents SET read_upto = ?, delivered_upto = max(delivered_upto, ?) WHERE id = ?",
                      (mark, mark, agent_id))

@@ -56,7 +56,9 @@ def report_error(error: SynapolisError, as_json: bool) -> None:
         import json
 
         click.echo(json.dumps(error.to_json()))
-    click.echo(f"synapolis: {error.type_name}: {error.message}", err=True)
+    from .text import terminal_safe
+
+    click.echo(terminal_safe(f"synapolis: {error.type_name}: {error.message}"), err=True)
 
 
 def run_guarded(call, ctx=None):

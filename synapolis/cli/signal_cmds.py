@@ -9,8 +9,8 @@ import click
 from .. import actions
 from ..heartbeat import DECLARED_STATUSES
 from ..signals import TYPES
-from .common import (agent_options, ago, emit, identity_options, one_line, pass_workspace, signal_line, table,
-                     with_pending)
+from .common import (agent_options, ago, emit, identity_options, more_line, one_line, pass_workspace, say,
+                     signal_line, table, with_pending)
 
 
 def _content(value: str, ws) -> str:
@@ -60,7 +60,7 @@ def start_cmd(ws, harness, substrate, conversation_id, new_session, export, agen
         click.echo("\n".join(f"export {k}={shlex.quote(v)};" for k, v in pairs))
         # stdout is for eval; delivered signals go where a person still sees them
         for line in with_pending([], data):
-            click.echo(line, err=True)
+            say(line, err=True)
         return
     emit(as_json, data, lambda d: with_pending([
         f"agent {d['agent_id']} {d['registration']} session {d['session_id']}"
@@ -135,25 +135,33 @@ def signal_cmd(ws, to, content, type_, sender_id, reply_to, who, piggyback, as_j
     emit(as_json, data, text)
 
 
-def _print_signals(data: dict, as_json: bool) -> None:
-    emit(as_json, data, lambda d: [signal_line(s) for s in d["signals"]] or ["no signals"])
+def _signals_text(d: dict) -> list[str]:
+    lines = [signal_line(s) for s in d["signals"]] or ["no signals"]
+    if d.get("remaining"):
+        how = (f"`synapolis read-signals --after {d['next_after']}`" if d.get("next_after") is not None
+               else "`--after 0` pages through them all, oldest first")
+        lines.append(more_line(d["remaining"], "signals", how))
+    return lines
 
 
 @click.command("read-signals")
 @click.option("--unread-only", "mode", flag_value="unread", default=True, help="Only unread signals (default).")
 @click.option("--all", "mode", flag_value="all", help="Every signal you can see, read and history included.")
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="At most N (unread: oldest N; --all: newest N).")
+@click.option("--limit", type=click.IntRange(min=1), default=None,
+              help="At most N (default 100; unread: oldest N; --all: newest N).")
+@click.option("--after", type=click.IntRange(min=0), default=None,
+              help="Only signals after this sequence, oldest first (the next page: the answer's next_after).")
 @click.option("--follow", is_flag=True, help="Keep printing new signals until interrupted (JSON lines with --json).")
 @agent_options
 @pass_workspace(create=False)
-def read_signals_cmd(ws, mode, limit, follow, who, piggyback, as_json):
-    """Pure query: your signals, oldest first; marks nothing delivered or read.
+def read_signals_cmd(ws, mode, limit, after, follow, who, piggyback, as_json):
+    """Pure query: a page of your signals, oldest first; marks nothing delivered or read.
 
     Example: synapolis read-signals --all --limit 20 --json
     """
     unread_only = mode != "all"
     if not follow:
-        _print_signals(actions.read_signals(ws, who, unread_only=unread_only, limit=limit), as_json)
+        emit(as_json, actions.read_signals(ws, who, unread_only=unread_only, limit=limit, after=after), _signals_text)
         return
     try:
         for s in actions.follow_signals(ws, who, unread_only=unread_only, limit=limit):
@@ -180,14 +188,15 @@ def ack_signals_cmd(ws, ids, all_, who, piggyback, as_json):
 
 
 @click.command("signals-pending")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="At most N (default 100, oldest first).")
 @agent_options
 @pass_workspace(create=True)
-def signals_pending_cmd(ws, who, piggyback, as_json):
-    """Deliver your undelivered signals now (method poll); they stay unread until acked.
+def signals_pending_cmd(ws, limit, who, piggyback, as_json):
+    """Deliver a page of your undelivered signals now (method poll); they stay unread until acked.
 
     Example: synapolis signals-pending --json
     """
-    data = actions.signals_pending(ws, who)
+    data = actions.signals_pending(ws, who, limit=limit)
     emit(as_json, data, lambda d: with_pending([] if d["pending_signals"] else ["no pending signals"], d))
 
 
@@ -206,16 +215,25 @@ def note_cmd(ws, text, who, piggyback, as_json):
 
 @click.command("read-notes")
 @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True, help="The newest N notes.")
+@click.option("--before", type=click.IntRange(min=1), default=None,
+              help="Only notes before this seq (the next page back: the answer's next_before).")
 @agent_options
 @pass_workspace(create=False)
-def read_notes_cmd(ws, limit, who, piggyback, as_json):
+def read_notes_cmd(ws, limit, before, who, piggyback, as_json):
     """The session's notes bus: the newest notes, oldest first.
 
     Example: synapolis read-notes --limit 20
     """
-    data = actions.read_notes(ws, who, session_id=who.session_id, limit=limit, piggyback=piggyback)
-    emit(as_json, data, lambda d: with_pending(
-        [f"#{n['seq']:<4} {ago(n['at']):>8}  {n['agent_id']}: {n['text']}" for n in d["notes"]] or ["no notes"], d))
+    data = actions.read_notes(ws, who, session_id=who.session_id, limit=limit, before=before, piggyback=piggyback)
+
+    def text(d):
+        lines = [f"#{n['seq']:<4} {ago(n['at']):>8}  {n['agent_id']}: {n['text']}" for n in d["notes"]] or ["no notes"]
+        if d.get("remaining"):
+            lines.insert(0, more_line(d["remaining"], "older notes",
+                                      f"`synapolis read-notes --before {d['next_before']}`"))
+        return with_pending(lines, d)
+
+    emit(as_json, data, text)
 
 
 @click.command("whiteboard-write")
