@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import json
 import math
+import os
 import random
 import threading
 import time
@@ -103,15 +104,39 @@ def _load(ws, item: str, path) -> tuple[dict | None, bool]:
     return (doc if _is_record(doc, item) else None), True
 
 
-def _high_water(ws, item: str, record: dict | None) -> int:
+def _known_path(ws, item: str) -> str:
+    """The marker saying `item` was claimed here before: `claims/.known/<stem>`, an empty file."""
+    return os.path.join(ws.paths.claims, ".known", encode_item(item))
+
+
+def _mark_known(ws, item: str) -> bool:
+    """Make the marker under the item's lock, before any claim file of `item` is written; whether it
+    was there already (a stat, when it was)."""
+    path = _known_path(ws, item)
+    if os.path.lexists(path):
+        return True
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    # O_EXCL | O_NOFOLLOW: never through a link someone planted; one that appeared since is as good
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644))
+    except FileExistsError:
+        pass
+    return False
+
+
+def _high_water(ws, item: str, record: dict | None, known: bool = True) -> int:
     """The highest token ever handed out for `item`.
 
     The claim file carries it and is written before a token is returned. Only when that file is gone
     or unreadable (a person edited or deleted it) do we fall back to the event log, so a token never
-    goes back even then.
+    goes back even then. An item with neither a file nor the `.known` marker (made before its first
+    claim file) was never claimed: no log to search, so a new claim costs the same however long the
+    log is.
     """
     if record is not None:
         return record["token"]
+    if not known:
+        return 0
     needle = json.dumps(item, ensure_ascii=False).encode("utf-8")
     best = 0
     try:
@@ -367,6 +392,7 @@ def _acquire(ws, item: str, agent_id: str, session_id: str | None, ttl: float, n
     expires_s = format_ts(now + timedelta(seconds=ttl))
     with _item_lock(ws, item):
         record, existed = _load(ws, item, path)
+        known = _mark_known(ws, item) or existed  # state dirs from before the marker: made on first use
         state = claim_state(record, now) if record else None
         if state == "held" and record["claimed_by"] == agent_id:
             record.update(renewed_at=now_s, ttl_s=ttl, expires_at=expires_s,
@@ -393,7 +419,7 @@ def _acquire(ws, item: str, agent_id: str, session_id: str | None, ttl: float, n
                                    "holder_status": status, "expires_at": record["expires_at"]}
                 transition.update(event="taken_over", **{"from": holder, "from_token": record["token"]})
             transition["reason"] = reason
-        token = _high_water(ws, item, record) + 1
+        token = _high_water(ws, item, record, known) + 1
         if existed and record is None:
             transition["recovered"] = True  # the old file was unreadable; the token came from the log
         history = list(record["transitions"]) if record else []
