@@ -737,7 +737,7 @@ def note(ws, who: Who | None, text: str, *, env=None, piggyback: bool = True, no
         return call.finish({"note": record})
 
 
-NOTES_BUDGET_CHARS = 64 * 1024  # JSON characters of notes in one answer (a note may be max_content_bytes long)
+NOTES_BUDGET_CHARS = 48 * 1024  # JSON characters of notes in one answer (a note may be max_content_bytes long)
 
 
 def read_notes(ws, who: Who | None = None, *, session_id: str | None = None, limit: int = 50,

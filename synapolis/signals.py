@@ -148,10 +148,13 @@ def query(conn, agent_id: str, *, unread_only: bool = True, include_history: boo
 # Every answer that carries signals is a page: at most `limit` signals and about `budget_chars`
 # characters of them as JSON, with a count of what is left (up to COUNT_CAP: counting a backlog of
 # 100,000 on every page would make paging through it quadratic) and a cursor to the next page.
+# An MCP answer carries the JSON twice (structured, and as text, escaped once more inside JSON-RPC,
+# which at worst doubles it): 80 KB of signals is at most ~240 KB on the wire, under the 256 KB every
+# answer must stay below; ~180 KB for ordinary text.
 
-PAGE_LIMIT = 100  # read_signals, signals_pending, the inbox resource
-PAGE_BUDGET_CHARS = 64 * 1024
-PIGGYBACK_LIMIT = 20  # attached to the answer of any other verb
+PAGE_LIMIT = 200  # read_signals, signals_pending, the inbox resource
+PAGE_BUDGET_CHARS = 80 * 1024
+PIGGYBACK_LIMIT = 20  # attached to the answer of any other verb (whose own part stays under 48 KB)
 PIGGYBACK_BUDGET_CHARS = 32 * 1024
 COUNT_CAP = 1000  # `remaining` counts up to this; COUNT_CAP means "this many or more"
 
@@ -209,20 +212,29 @@ def page(conn, agent_id: str, *, unread_only: bool = True, after: int | None = N
             rest, rest_args = _reader_select(conn, state, agent_id, unread_only, not unread_only,
                                              chosen[-1]["sequence"])
         remaining = _count(conn, rest, rest_args)
-    _add_reader_fields(conn, agent_id, chosen)
+    _add_reader_fields(conn, agent_id, chosen, unread=unread_only)
     next_after = chosen[-1]["sequence"] if remaining and not newest else None
     return {"signals": chosen, "remaining": remaining, "next_after": next_after}
 
 
-def _add_reader_fields(conn, agent_id: str, signals: list) -> None:
-    """`read`, `read_at`, `delivered_at`, `delivery_method` of each signal for the reader (index lookups)."""
+def _add_reader_fields(conn, agent_id: str, signals: list, unread: bool = False) -> None:
+    """`read`, `read_at`, `delivered_at`, `delivery_method` of each signal for the reader: one primary-key
+    query per table per 500 signals (an unread page has no reads to look up)."""
+    reads, deliveries = {}, {}
+    ids = [s["id"] for s in signals]
+    for start in range(0, len(ids), 500):
+        chunk = ids[start:start + 500]
+        marks = ",".join("?" * len(chunk))
+        if not unread:
+            reads.update(conn.execute(f"SELECT signal_id, read_at FROM signal_reads WHERE agent_id = ? "
+                                      f"AND signal_id IN ({marks})", [agent_id, *chunk]).fetchall())
+        deliveries.update((r[0], (r[1], r[2])) for r in conn.execute(
+            f"SELECT signal_id, delivered_at, delivery_method FROM signal_deliveries WHERE agent_id = ? "
+            f"AND signal_id IN ({marks})", [agent_id, *chunk]).fetchall())
     for s in signals:
-        r = conn.execute("SELECT read_at FROM signal_reads WHERE signal_id = ? AND agent_id = ?",
-                         (s["id"], agent_id)).fetchone()
-        d = conn.execute("SELECT delivered_at, delivery_method FROM signal_deliveries "
-                         "WHERE signal_id = ? AND agent_id = ?", (s["id"], agent_id)).fetchone()
-        s.update(read=r is not None, read_at=r[0] if r else None, delivered_at=d[0] if d else None,
-                 delivery_method=d[1] if d else None)
+        read_at = reads.get(s["id"])
+        delivered_at, method = deliveries.get(s["id"], (None, None))
+        s.update(read=read_at is not None, read_at=read_at, delivered_at=delivered_at, delivery_method=method)
 
 
 def _sql_limit(limit, extra: int = 0) -> int:

@@ -29,7 +29,8 @@ def test_piggyback_is_a_small_page_and_marks_exactly_what_it_carries(backlog, db
 
 
 def test_signals_pending_pages_through_a_backlog_exactly_once(backlog, db_rows):
-    ws, sid = backlog(250)
+    total = 2 * signals.PAGE_LIMIT + 50
+    ws, sid = backlog(total)
     seen, lefts = [], []
     while True:
         answer = actions.signals_pending(ws, Who("bob", sid), env={}, now=NOW)
@@ -37,13 +38,13 @@ def test_signals_pending_pages_through_a_backlog_exactly_once(backlog, db_rows):
             break
         seen += [s["content"] for s in answer["pending_signals"]]
         lefts.append(answer["pending_remaining"])
-    assert seen == [f"signal {i}" for i in range(250)]  # each once, oldest first
-    assert lefts == [150, 50, 0]
-    assert set(delivered(db_rows, sid).values()) == {"poll"} and len(delivered(db_rows, sid)) == 250
+    assert seen == [f"signal {i}" for i in range(total)]  # each once, oldest first
+    assert lefts == [signals.PAGE_LIMIT + 50, 50, 0]
+    assert set(delivered(db_rows, sid).values()) == {"poll"} and len(delivered(db_rows, sid)) == total
 
 
 def test_read_signals_pages_with_after_and_counts_what_is_left(backlog, db_rows):
-    ws, sid = backlog(250)
+    ws, sid = backlog(signals.PAGE_LIMIT + 150)
     first = actions.read_signals(ws, Who("bob", sid), env={}, now=NOW)
     assert len(first["signals"]) == signals.PAGE_LIMIT and first["remaining"] == 150
     assert first["next_after"] == first["signals"][-1]["sequence"]
@@ -55,7 +56,7 @@ def test_read_signals_pages_with_after_and_counts_what_is_left(backlog, db_rows)
             assert page["remaining"] == 0
             break
         after = page["next_after"]
-    assert got == [f"signal {i}" for i in range(250)]
+    assert got == [f"signal {i}" for i in range(signals.PAGE_LIMIT + 150)]
     assert delivered(db_rows, sid) == {}  # a pure query marks nothing
 
 
@@ -93,17 +94,18 @@ def test_big_signals_fill_a_page_by_size_and_one_always_fits(backlog):
 
 
 def test_inbox_resource_marks_exactly_the_page_it_returns(backlog, db_rows):
-    ws, sid = backlog(150)
+    ws, sid = backlog(signals.PAGE_LIMIT + 55)
     early = actions.signals_pending(ws, Who("bob", sid), limit=5, env={}, now=NOW)["pending_signals"]
     page = actions.inbox(ws, sid, "bob", now=NOW)
-    assert len(page["signals"]) == signals.PAGE_LIMIT and page["remaining"] == 50
+    assert len(page["signals"]) == signals.PAGE_LIMIT and page["remaining"] == 55
     marks = delivered(db_rows, sid)
     assert {s["id"] for s in early} <= set(marks) and all(marks[s["id"]] == "poll" for s in early)
     assert set(marks) == {s["id"] for s in page["signals"]}
     assert all(s["delivered_at"] for s in page["signals"])
     # the rest is still undelivered: the next drain starts right after the page
     rest = actions.signals_pending(ws, Who("bob", sid), env={}, now=NOW)["pending_signals"]
-    assert [s["content"] for s in rest] == [f"signal {i}" for i in range(100, 150)]
+    assert [s["content"] for s in rest] == [f"signal {i}" for i in range(signals.PAGE_LIMIT,
+                                                                          signals.PAGE_LIMIT + 55)]
 
 
 def test_inbox_query_uses_the_recipient_index_for_sub_agents(backlog):
@@ -172,3 +174,48 @@ def test_terminal_text_is_sanitised_and_json_is_not(backlog, cli):
         assert "\\x1b[2J" in out.stdout and "\\u202e" in out.stdout, (verb, out.stdout)
     data = json.loads(cli("read-signals", "--agent-id", "bob", "--all", "--json").stdout)
     assert data["signals"][0]["content"] == hostile
+
+
+# -- over MCP (the SDK's in-process client) --------------------------------------------------------
+
+def test_mcp_answers_are_pages_under_256_kb(backlog, state_dir):
+    import anyio
+    import pytest
+
+    pytest.importorskip("mcp")
+    from mcp import Client
+
+    from synapolis.mcp.server import create_server
+    from synapolis.mcp.watch import inbox_uri
+
+    ws, sid = backlog(400, content=lambda i: f"{i} " + "z" * 3000)
+
+    async def main():
+        async with Client(create_server(state_dir, {})) as bob:
+            sizes = []
+
+            async def call(tool, **args):
+                result = await bob.call_tool(tool, dict(args, agent_id="bob", session_id=sid))
+                assert not result.is_error, result.content[0].text
+                sizes.append(len(result.model_dump_json(by_alias=True, exclude_none=True).encode()))
+                return result.structured_content
+
+            beat = await call("beat")
+            taken = len(beat["pending_signals"])
+            assert 8 <= taken <= 10 and beat["pending_remaining"] == 400 - taken  # 32 KB of 3 KB signals
+            got, after = [], None
+            while True:
+                page = await call("read_signals", **({"after": after} if after is not None else {}))
+                got += [int(s["content"].split()[0]) for s in page["signals"]]
+                if page["next_after"] is None:
+                    break
+                after = page["next_after"]
+            assert got == list(range(400))
+            pending = await call("signals_pending", limit=5)
+            assert len(pending["pending_signals"]) == 5 and pending["pending_remaining"] == 395 - taken
+            inbox = json.loads((await bob.read_resource(inbox_uri(sid, "bob"))).contents[0].text)
+            assert inbox["remaining"] > 0 and inbox["next_after"] == inbox["signals"][-1]["sequence"]
+            assert max(sizes) < 256 * 1024, sizes
+            assert len(json.dumps(inbox)) < 256 * 1024
+
+    anyio.run(main)

@@ -166,13 +166,15 @@ def register_tools(server, state: ServerState) -> None:
         who = state.who(agent_id, session_id, run_token)
         return await call(actions.signal, who, to, content, type=type, sender_id=sender_id, reply_to=reply_to)
 
-    @server.tool(description="Your signals, oldest first (unread only by default). Marks nothing read.",
+    @server.tool(description="A page of your signals, oldest first (unread only by default; limit default 100). "
+                             "Marks nothing read. remaining: how many more (up to 1000); next page: after=next_after.",
                  annotations=ro)
     async def read_signals(unread_only: bool = True, limit: Annotated[int | None, Field(gt=0)] = None,
+                           after: Annotated[int | None, Field(ge=0)] = None,
                            agent_id: AgentId = None, session_id: SessionId = None,
                            run_token: RunToken = None) -> SignalsResult:
         who = state.who(agent_id, session_id, run_token)
-        return await call(actions.read_signals, who, unread_only=unread_only, limit=limit)
+        return await call(actions.read_signals, who, unread_only=unread_only, limit=limit, after=after)
 
     @server.tool(description="Mark signals read: full ids or unique 8+ char prefixes, or all=true.")
     async def ack_signals(signal_ids: list[str] | None = None, all: bool = False, agent_id: AgentId = None,
@@ -180,17 +182,19 @@ def register_tools(server, state: ServerState) -> None:
         who = state.who(agent_id, session_id, run_token)
         return await call(actions.ack_signals, who, list(signal_ids or []), all=all)
 
-    @server.tool(description="Deliver signals not yet delivered to you.")
-    async def signals_pending(agent_id: AgentId = None, session_id: SessionId = None,
-                              run_token: RunToken = None) -> _Result:
+    @server.tool(description="Deliver a page of signals not yet delivered to you (limit default 100); "
+                             "pending_remaining: how many more wait.")
+    async def signals_pending(limit: Annotated[int | None, Field(gt=0)] = None, agent_id: AgentId = None,
+                              session_id: SessionId = None, run_token: RunToken = None) -> _Result:
         who = state.who(agent_id, session_id, run_token)
-        return await call(actions.signals_pending, who, method="poll")
+        return await call(actions.signals_pending, who, method="poll", limit=limit)
 
-    @server.tool(description="The session's notes: the newest `limit`, oldest first.", annotations=ro)
+    @server.tool(description="The session's notes: the newest `limit`, oldest first; older: before=next_before.",
+                 annotations=ro)
     async def read_notes(session_id: SessionId = None, limit: Annotated[int, Field(gt=0)] = 50,
-                         agent_id: AgentId = None) -> NotesResult:
+                         before: Annotated[int | None, Field(gt=0)] = None, agent_id: AgentId = None) -> NotesResult:
         who = state.who(agent_id, session_id)
-        return await call(actions.read_notes, who, session_id=session_id, limit=limit)
+        return await call(actions.read_notes, who, session_id=session_id, limit=limit, before=before)
 
     @server.tool(description="Append a note to the session's notes bus.")
     async def note(text: str, agent_id: AgentId = None, session_id: SessionId = None,
