@@ -3,7 +3,8 @@
 Hooks call the CLI on every tool call of every agent, so start-up cost matters twice over here:
 commands live in the modules of this package and are imported only when invoked, and click itself
 (most of the cost of a bare `python -c "import click"`) is imported only when a verb needs it. A
-hook does not: `main` hands `[--state-dir DIR] hook HARNESS` straight to `synapolis.hooks`.
+hook does not: `main` hands `[--state-dir DIR] hook HARNESS` straight to `synapolis.hooks`, and the
+plain forms of the hot agent verbs (beat, signal, read-signals, ...) to `synapolis.cli.fast`.
 """
 
 from __future__ import annotations
@@ -50,15 +51,17 @@ def _wants_json(args) -> bool:
 
 
 def report_error(error: SynapolisError, as_json: bool) -> None:
-    import click
+    """The contract's error: one JSON object on stdout with --json, one terminal-safe line on stderr.
+    Without click: the fast path (synapolis.cli.fast) reports through here too."""
+    from .text import terminal_safe
 
     if as_json:
         import json
 
-        click.echo(json.dumps(error.to_json()))
-    from .text import terminal_safe
-
-    click.echo(terminal_safe(f"synapolis: {error.type_name}: {error.message}"), err=True)
+        sys.stdout.write(json.dumps(error.to_json()) + "\n")
+        sys.stdout.flush()
+    sys.stderr.write(terminal_safe(f"synapolis: {error.type_name}: {error.message}") + "\n")
+    sys.stderr.flush()
 
 
 def run_guarded(call, ctx=None):
@@ -200,6 +203,11 @@ def main(argv=None):
     hook = _hook_call(args)
     if hook is not None:
         _hook_main(*hook)
+    from .fast import parse, run
+
+    call = parse(args)
+    if call is not None:
+        run(call)  # exits
     _click_main(args)
 
 
