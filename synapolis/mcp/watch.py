@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .errors import NotFoundError, UsageError
-from .names import validate_agent_id, validate_session_id
-from .watching import event_handler, event_paths, start_observer, stop_observer
+from ..errors import NotFoundError, UsageError
+from ..names import validate_agent_id, validate_session_id
+from ..watching import event_handler, event_paths, start_observer, stop_observer
 
 log = logging.getLogger(__name__)
 
@@ -131,8 +131,8 @@ def notes_size(ws, session_id: str) -> int:
 
 def inbox_sequence(ws, session_id: str, agent_id: str, store=None) -> int:
     """The newest sequence `agent_id` can see in the session (0 when the session does not exist yet)."""
-    from . import signals
-    from .store import open_session
+    from .. import signals
+    from ..store import open_session
 
     own = store is None
     try:
@@ -214,7 +214,7 @@ class SessionWatcher:
 
     # -- the checker side --------------------------------------------------------------------------
     def _store(self, session_id: str):
-        from .store import open_session
+        from ..store import open_session
 
         store = self._stores.get(session_id)
         if store is None:
