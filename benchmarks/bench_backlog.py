@@ -52,15 +52,13 @@ def make_backlog(root: Path, count: int) -> tuple[Workspace, str]:
     sid = actions.start(ws, agent_id="alice", env={}, write_identity=False)["session_id"]
     actions.start(ws, agent_id="bob", session_id=sid, env={}, write_identity=False)
     base = utcnow()
-    rows = []
-    for i in range(count):
-        stamp = format_ts(base + timedelta(microseconds=i), micro=True)
-        content = f"backlog signal {i}: build {i % 97} finished, see the log for details"
-        rows.append((signal_id("alice", "bob", "inform", content, stamp), stamp, "alice", "bob", "inform", content,
-                     i + 1))
-    with SessionStore.open(ws, sid) as store, store.write() as conn:
-        conn.executemany("INSERT INTO signals (id, timestamp, sender, recipient, type, content, lamport) "
-                         "VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+    with SessionStore.open(ws, sid) as store, store.write() as tx:
+        for i in range(count):
+            stamp = format_ts(base + timedelta(microseconds=i), micro=True)
+            content = f"backlog signal {i}: build {i % 97} finished, see the log for details"
+            tx.insert_signal({"id": signal_id("alice", "bob", "inform", content, stamp), "timestamp": stamp,
+                              "sender": "alice", "recipient": "bob", "type": "inform", "content": content,
+                              "lamport": i + 1, "reply_to": None})
     return ws, sid
 
 

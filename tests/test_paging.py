@@ -115,9 +115,8 @@ def test_inbox_query_uses_the_recipient_index_for_sub_agents(backlog):
         for to in ("bob.x", "bob.y.z"):
             signals.send(conn, caller="alice", recipient=to, content="hi", config=ws.config, now=NOW,
                          rate_limited=False)
-        state = signals._reader(conn, "bob")
-        inner, args = signals._reader_select(conn, state, "bob", True, False, 0)
-        plan = [r[3] for r in conn.execute(f"EXPLAIN QUERY PLAN {inner} ORDER BY sequence LIMIT 21", args)]
+        inner, args = conn._visible_select("bob", 0, 0, True, False)  # the SQLite store's inbox query
+        plan = [r[3] for r in conn.conn.execute(f"EXPLAIN QUERY PLAN {inner} ORDER BY sequence LIMIT 21", args)]
         found = signals.page(conn, "bob", limit=20)
     searches = [p for p in plan if p.startswith(("SEARCH s", "SCAN s"))]
     assert len(searches) == 4, plan  # broadcasts, bob, bob.x, bob.y.z
