@@ -50,6 +50,15 @@ def _wants_json(args) -> bool:
     return "--json" in args
 
 
+def put(text: str, err: bool = False) -> None:
+    """`text` and a newline on stdout (stderr), as click.echo writes it: nothing when the stream is closed."""
+    stream = sys.stderr if err else sys.stdout
+    if stream is None:
+        return
+    stream.write(text + "\n")
+    stream.flush()
+
+
 def report_error(error: SynapolisError, as_json: bool) -> None:
     """The contract's error: one JSON object on stdout with --json, one terminal-safe line on stderr.
     Without click: the fast path (synapolis.cli.fast) reports through here too."""
@@ -58,10 +67,8 @@ def report_error(error: SynapolisError, as_json: bool) -> None:
     if as_json:
         import json
 
-        sys.stdout.write(json.dumps(error.to_json()) + "\n")
-        sys.stdout.flush()
-    sys.stderr.write(terminal_safe(f"synapolis: {error.type_name}: {error.message}") + "\n")
-    sys.stderr.flush()
+        put(json.dumps(error.to_json()))
+    put(terminal_safe(f"synapolis: {error.type_name}: {error.message}"), err=True)
 
 
 def run_guarded(call, ctx=None):

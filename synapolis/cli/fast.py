@@ -119,7 +119,7 @@ def parse(args: list[str]):
 
 def run(call) -> None:
     """Run one parsed call: print its answer (JSON with --json, else text for people); exit as click's path would."""
-    from . import report_error
+    from . import put, report_error
     from ..errors import SynapolisError, internal_error
 
     state_dir, verb, values, creates = call
@@ -144,8 +144,7 @@ def run(call) -> None:
 
             out = render(data, text)
         if out:
-            sys.stdout.write(out + "\n")
-        sys.stdout.flush()
+            put(out)
     except SynapolisError as exc:
         report_error(exc, as_json)
         sys.exit(exc.exit_code)
