@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from datetime import datetime, timedelta
 
-from .atomic import atomic_write_json, locked, read_json
+from .atomic import atomic_write_json, is_temp_name, locked, read_json
 from .errors import NotFoundError, SynapolisError, UsageError
 from .names import generate_session_id, validate_session_id
 from .store import SessionStore
@@ -96,7 +96,8 @@ def all_sessions(ws) -> list[dict]:
         return []
     found = []
     for name in names:
-        if name.startswith(".") or not os.path.isdir(os.path.join(folder, name)):
+        # a session id may start with a dot (§2): only temp names and what is not a folder are skipped
+        if is_temp_name(name) or not os.path.isdir(os.path.join(folder, name)):
             continue
         try:
             document = read_session(ws, name)
