@@ -105,11 +105,11 @@ def test_content_from_stdin_is_the_same_both_ways(twins):
 
 
 def test_parse_takes_only_the_plain_forms():
-    assert fast.parse(["beat", "--agent-id", "a"]) == (None, "beat", {"agent_id": "a"}, True)
+    assert fast.parse(["beat", "--agent-id", "a"]) == (None, "beat", {"agent_id": "a"})
     assert fast.parse(["--state-dir=/x", "read-signals", "--all", "--limit=3"]) == \
-        ("/x", "read-signals", {"mode": "all", "limit": 3}, False)
+        ("/x", "read-signals", {"mode": "all", "limit": 3})
     assert fast.parse(["signal", "b", "-", "--type", "ack"]) == \
-        (None, "signal", {"to": "b", "content": "-", "type_": "ack"}, True)
+        (None, "signal", {"to": "b", "content": "-", "type_": "ack"})
     for args in (["beat", "--help"], ["beat", "-h"], ["beat", "--status", "nope"], ["beat", "--ttl"],
                  ["signal", "b"], ["signal", "b", "c", "d"], ["signal", "b", "--", "-x"], ["monitor"],
                  ["read-signals", "--follow"], ["beat", "--json=1"], ["beat", "--task", "a", "--task", "b"],

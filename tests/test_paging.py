@@ -96,7 +96,7 @@ def test_big_signals_fill_a_page_by_size_and_one_always_fits(backlog):
 def test_inbox_resource_marks_exactly_the_page_it_returns(backlog, db_rows):
     ws, sid = backlog(signals.PAGE_LIMIT + 55)
     early = actions.signals_pending(ws, Who("bob", sid), limit=5, env={}, now=NOW)["pending_signals"]
-    page = actions.inbox(ws, sid, "bob", now=NOW)
+    page = actions.inbox(ws, Who("bob", sid), sid, "bob", env={}, now=NOW)
     assert len(page["signals"]) == signals.PAGE_LIMIT and page["remaining"] == 55
     marks = delivered(db_rows, sid)
     assert {s["id"] for s in early} <= set(marks) and all(marks[s["id"]] == "poll" for s in early)
@@ -190,11 +190,11 @@ def test_mcp_answers_are_pages_under_256_kb(backlog, state_dir):
     ws, sid = backlog(400, content=lambda i: f"{i} " + "z" * 3000)
 
     async def main():
-        async with Client(create_server(state_dir, {})) as bob:
+        async with Client(create_server(state_dir, {"SYNAPOLIS_AGENT_ID": "bob", "SYNAPOLIS_SESSION_ID": sid})) as bob:
             sizes = []
 
             async def call(tool, **args):
-                result = await bob.call_tool(tool, dict(args, agent_id="bob", session_id=sid))
+                result = await bob.call_tool(tool, args)
                 assert not result.is_error, result.content[0].text
                 sizes.append(len(result.model_dump_json(by_alias=True, exclude_none=True).encode()))
                 return result.structured_content

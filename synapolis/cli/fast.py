@@ -40,20 +40,20 @@ def _float(text: str) -> float:
 
 def _specs() -> dict:
     """verb -> (argument names (a trailing '?' is optional), {option: (parameter, converter)}, {flag: (parameter,
-    value)}, whether the verb creates the state directory)."""
+    value)}). Each verb creates the state directory itself, after checking the names (contract §2)."""
     from ..heartbeat import DECLARED_STATUSES
     from ..signals import TYPES
 
     return {
         "beat": ((), {"--status": ("status", _choice(*DECLARED_STATUSES)), "--task": ("task", str),
-                      "--ttl": ("ttl", _float), "--note": ("note", str)}, {}, True),
+                      "--ttl": ("ttl", _float), "--note": ("note", str)}, {}),
         "signal": (("to", "content"), {"--type": ("type_", _choice(*TYPES)), "--sender-id": ("sender_id", str),
-                                      "--reply-to": ("reply_to", str)}, {}, True),
+                                      "--reply-to": ("reply_to", str)}, {}),
         "read-signals": ((), {"--limit": ("limit", _int(1)), "--after": ("after", _int(0))},
-                         {"--unread-only": ("mode", "unread"), "--all": ("mode", "all")}, False),
-        "signals-pending": ((), {"--limit": ("limit", _int(1))}, {}, True),
-        "ack-signals": (("ids?",), {}, {"--all": ("all_", True)}, True),
-        "note": (("text",), {}, {}, True),
+                         {"--unread-only": ("mode", "unread"), "--all": ("mode", "all")}),
+        "signals-pending": ((), {"--limit": ("limit", _int(1))}, {}),
+        "ack-signals": (("ids?",), {}, {"--all": ("all_", True)}),
+        "note": (("text",), {}, {}),
     }
 
 
@@ -61,7 +61,7 @@ VERBS = ("beat", "signal", "read-signals", "signals-pending", "ack-signals", "no
 
 
 def parse(args: list[str]):
-    """(state dir, verb, keyword arguments for hot.<verb>, creates) for a plain call of a hot verb; else None."""
+    """(state dir, verb, keyword arguments for hot.<verb>) for a plain call of a hot verb; else None."""
     state_dir = None
     if args[:1] == ["--state-dir"] and len(args) > 1:
         state_dir, args = args[1], args[2:]
@@ -72,7 +72,7 @@ def parse(args: list[str]):
     if state_dir is not None and (not state_dir or (os.path.exists(state_dir) and not os.path.isdir(state_dir))):
         return None  # click's Path check and the workspace's own message: theirs to give
     verb, rest = args[0], args[1:]
-    names, options, flags, creates = _specs()[verb]
+    names, options, flags = _specs()[verb]
     options = dict(options, **{k: (v, str) for k, v in _AGENT.items()})
     flags = dict(flags, **{k: (v, True) for k, v in _FLAGS.items()})
     values: dict = {}
@@ -114,7 +114,7 @@ def parse(args: list[str]):
         return None
     for name, value in zip(names, positional):
         values[name.rstrip("?")] = value
-    return state_dir, verb, values, creates
+    return state_dir, verb, values
 
 
 def run(call) -> None:
@@ -122,7 +122,7 @@ def run(call) -> None:
     from . import put, report_error
     from ..errors import SynapolisError, internal_error
 
-    state_dir, verb, values, creates = call
+    state_dir, verb, values = call
     as_json = values.pop("as_json", False)
     try:
         from ..identity import Who
@@ -130,8 +130,6 @@ def run(call) -> None:
         from . import hot
 
         ws = Workspace.open(state_dir)
-        if creates:
-            ws.ensure()
         who = Who(values.pop("agent_id", None), values.pop("session_id", None), values.pop("run_token", None))
         piggyback = not values.pop("no_piggyback", False)
         data, text = getattr(hot, verb.replace("-", "_"))(ws, who, piggyback, **values)
