@@ -105,8 +105,9 @@ def _load(ws, item: str, path) -> tuple[dict | None, bool]:
 
 
 def _known_path(ws, item: str) -> str:
-    """The marker saying `item` was claimed here before: `claims/.known/<stem>`, an empty file."""
-    return os.path.join(ws.paths.claims, ".known", encode_item(item))
+    """The marker saying `item` was claimed here before: `.locks/claims-known/<stem>`, an empty file kept
+    with the item's lock file (claims/ holds claim files only)."""
+    return os.path.join(ws.paths.locks, "claims-known", encode_item(item))
 
 
 def _mark_known(ws, item: str) -> bool:
@@ -129,7 +130,7 @@ def _high_water(ws, item: str, record: dict | None, known: bool = True) -> int:
 
     The claim file carries it and is written before a token is returned. Only when that file is gone
     or unreadable (a person edited or deleted it) do we fall back to the event log, so a token never
-    goes back even then. An item with neither a file nor the `.known` marker (made before its first
+    goes back even then. An item with neither a file nor a `claims-known` marker (made before its first
     claim file) was never claimed: no log to search, so a new claim costs the same however long the
     log is.
     """
