@@ -18,8 +18,8 @@ from .errors import (AmbiguousIdentityError, ConflictError, ForbiddenError, NoId
 from .heartbeat import write_heartbeat
 from .identity import Who
 from .names import check_text, generate_agent_id, validate_agent_id, validate_claim_item, validate_session_id
-from .sessions import (active_sessions, agent_row, create_session, each_store, is_live, read_session, registry_status,
-                       reopen_session, session_exists, sessions_of_agent, ts)
+from .sessions import (active_sessions, agent_row, create_session, each_store, ensure_session, is_live, read_session,
+                       registry_status, reopen_session, session_exists, sessions_of_agent, ts)
 from .store import open_session, store_for
 from .timeutil import format_ts, humanize_age, parse_ts, utcnow
 
@@ -27,8 +27,11 @@ ENV_HARNESS = "SYNAPOLIS_HARNESS"
 ENV_SUBSTRATE = "SYNAPOLIS_SUBSTRATE"
 
 
-def _now(now: datetime | None) -> datetime:
-    return now or utcnow()
+def _now(now: datetime | None, ws=None) -> datetime:
+    """`now` when the caller fixed it; else the store's clock (the server's for a shared store, §12)."""
+    if now is not None:
+        return now
+    return store_for(ws).now() if ws is not None else utcnow()
 
 
 def _same_token(presented: str, stored: str) -> bool:
@@ -361,7 +364,7 @@ def as_agent(ws, who: Who | None = None, *, env=None, piggyback: bool = True, me
     refresh; without it every call resolves, opens and writes afresh.
     """
     live = live if live is not None or _LIVE is None else _LIVE.get()
-    now = _now(now)
+    now = _now(now, ws)
     if live is not None:
         caller = live.resolve(ws, who, env=env, required=required, need_session=need_session, now=now)
     else:
@@ -413,7 +416,7 @@ def _choose_session(ws, session_id, new_session, now) -> tuple[str, bool]:
     """(session id, created?) for start: the named one, a new one, or the only active one."""
     if session_id is not None:
         if not session_exists(ws, session_id):
-            return create_session(ws, session_id, now), True
+            return ensure_session(ws, session_id, now)
         if read_session(ws, session_id).get("status") != "active":
             reopen_session(ws, session_id, now)
         open_session(ws, session_id, create=True).close()  # a crash may have left only session.json
@@ -435,7 +438,7 @@ def start(ws, *, agent_id: str | None = None, session_id: str | None = None, har
           now: datetime | None = None, write_identity: bool = True) -> dict:
     """`start_session`: register the agent in a session, beat, write identity.json, drain (startup_drain)."""
     env = os.environ if env is None else env
-    now = _now(now)
+    now = _now(now, ws)
     if agent_id is not None:
         validate_agent_id(agent_id)
     if session_id is not None:
@@ -579,7 +582,7 @@ def inbox(ws, session_id: str, agent_id: str, *, method: str = "push", now: date
     """The MCP inbox resource: the agent's unread signals; those not yet delivered are marked with `method`."""
     validate_session_id(session_id)
     validate_agent_id(agent_id)
-    now = _now(now)
+    now = _now(now, ws)
     with open_session(ws, session_id) as store, store.write() as conn:
         if agent_row(conn, agent_id) is None:
             raise NotFoundError(f"agent {agent_id!r} is not registered in session {session_id!r}")
@@ -629,7 +632,7 @@ def follow_signals(ws, who: Who | None = None, *, unread_only: bool = True, limi
 def warn_sessions(ws, incident: dict, now: datetime | None = None) -> list[dict]:
     """The escalation writer's `warn`: a broadcast from `synapolis.watchdog` into each active session
     the incident's agent is registered in (every active session for `@global`)."""
-    now = _now(now)
+    now = _now(now, ws)
     agent = str(incident.get("agent_id") or "@global")
     targets = active_sessions(ws) if agent.startswith("@") else sessions_of_agent(ws, agent)
     condition = incident.get("condition", "failing")
@@ -689,7 +692,7 @@ def list_agents(ws, who: Who | None = None, *, session_id: str | None = None, en
     status and their heartbeat's effective status."""
     from .status import status_of_agent
 
-    now = _now(now)
+    now = _now(now, ws)
     with as_agent(ws, _who(who, session_id), env=env, piggyback=piggyback, mutation=False, required=False,
                   now=now) as call:
         agents = []
