@@ -233,12 +233,13 @@ class LongLived:
         the call or the environment. identity.json (which may lend the run token) is part of the key by
         its signature; a resolution that needs identity.json's agent or a session search is never kept."""
         who = who or Who()
-        env = os.environ if env is None else env
+        env = {} if who.named_only else os.environ if env is None else env
         names = (who.agent_id, who.session_id, who.run_token, env.get(identity.ENV_AGENT) or None,
                  env.get(identity.ENV_SESSION) or None, env.get(identity.ENV_TOKEN) or None)
         if (names[0] or names[3]) is None or (names[1] or names[4]) is None:
             return identity.resolve(ws, who, env=env, required=required, need_session=need_session, now=now)
-        key = (os.fspath(ws.paths.root), names, required, need_session, file_signature(ws.paths.identity))
+        key = (os.fspath(ws.paths.root), names, who.named_only, required, need_session,
+               file_signature(ws.paths.identity))
         caller = self._callers.get(key)
         if caller is None:
             caller = identity.resolve(ws, who, env=env, required=required, need_session=need_session, now=now)
@@ -406,7 +407,7 @@ def as_agent(ws, who: Who | None = None, *, env=None, piggyback: bool = True, me
 def _who(who: Who | None, session_id: str | None = None) -> Who:
     who = who or Who()
     if session_id is not None:
-        return Who(who.agent_id, session_id, who.run_token)
+        return Who(who.agent_id, session_id, who.run_token, who.named_only)
     return who
 
 
@@ -578,16 +579,28 @@ def signals_pending(ws, who: Who | None = None, *, env=None, method: str = "poll
             return call.finish({}, conn, limit=limit, budget_chars=budget_chars)
 
 
-def inbox(ws, session_id: str, agent_id: str, *, method: str = "push", now: datetime | None = None) -> dict:
-    """The MCP inbox resource: the agent's unread signals; those not yet delivered are marked with `method`."""
+def inbox(ws, who: Who | None, session_id: str, agent_id: str, *, env=None, method: str = "push",
+          now: datetime | None = None) -> dict:
+    """The MCP inbox resource: the caller's own unread signals; those not yet delivered are marked with `method`.
+
+    Only the agent itself may read it, proven as for any verb (its run token included): the read marks
+    signals delivered, so anyone else's read would steal the delivery. A stranger gets ForbiddenError, and
+    nothing is marked.
+    """
     validate_session_id(session_id)
     validate_agent_id(agent_id)
-    now = _now(now, ws)
-    with open_session(ws, session_id) as store, store.write() as conn:
-        if agent_row(conn, agent_id) is None:
-            raise NotFoundError(f"agent {agent_id!r} is not registered in session {session_id!r}")
-        sig.drain(conn, agent_id, method, now, ws.config)
-        return {"signals": sig.unread(conn, agent_id)}
+    who = who or Who()
+    refusal = f"the inbox of {agent_id} in session {session_id} is read only by that agent itself"
+    if who.agent_id is not None and who.agent_id != agent_id:
+        raise ForbiddenError(refusal)
+    with as_agent(ws, _who(who, session_id), env=env, piggyback=False, now=now) as call:
+        if (call.agent_id, call.session_id) != (agent_id, session_id):
+            raise ForbiddenError(refusal)
+        with call.store.write() as conn:
+            sig.drain(conn, agent_id, method, call.now, ws.config)
+            result = call.finish({"signals": sig.unread(conn, agent_id)}, conn)
+    del result["pending_signals"]
+    return result
 
 
 def follow_signals(ws, who: Who | None = None, *, unread_only: bool = True, limit: int | None = None, env=None,

@@ -220,3 +220,23 @@ def db_rows(ws):
     def rows(session_id, sql, *args):
         return store_rows(ws, session_id, sql, args)
     return rows
+
+
+# -- MCP clients ---------------------------------------------------------------------------------
+
+def ts_sdk1_check(result, output_schema) -> None:
+    """Check a tool result the way a TypeScript MCP SDK 1.x client does before the model sees it
+    (`Client.callTool`): a tool with an output schema must return structured content unless the result is
+    an error, and structured content, when present, must match the schema even on an error. Raises
+    AssertionError with the message such a client would show the model instead of the result."""
+    import jsonschema
+
+    if not output_schema:
+        return
+    structured = result.structured_content
+    if structured is None:
+        assert result.is_error, "-32602 Tool has an output schema but did not return structured content"
+        return
+    validator = jsonschema.validators.validator_for(output_schema)(output_schema)
+    problems = [e.message for e in validator.iter_errors(structured)]
+    assert not problems, f"-32602 Structured content does not match the tool's output schema: {problems}"
