@@ -15,7 +15,7 @@ from .atomic import locked
 from . import signals as sig
 from .errors import (AmbiguousIdentityError, ConflictError, ForbiddenError, NoIdentityError, NotFoundError,
                      SynapolisError, UsageError)
-from .heartbeat import write_heartbeat
+from .heartbeat import check_fields, write_heartbeat
 from .identity import Who
 from .names import check_text, generate_agent_id, validate_agent_id, validate_claim_item, validate_session_id
 from .sessions import (active_sessions, agent_row, create_session, each_store, ensure_session, is_live, read_session,
@@ -127,11 +127,14 @@ class AgentCall:
             return not sig.has_undelivered(conn, self.agent_id)
 
     def finish(self, result: dict | None = None, conn=None, *, limit: int | None = None,
-               budget_chars: int | None = None) -> dict:
+               budget_chars: int | None = None, best_effort: bool = False) -> dict:
         """Refresh the heartbeat and the registry, and attach the caller's undelivered signals.
 
         With `conn` (a write transaction the verb holds) everything commits together with the verb.
         A coalesced refresh (LongLived) writes neither the registry row nor, when nothing waits, anything.
+        `best_effort` (a verb whose work is done and durable outside the store: claim, release): a busy
+        or failing store costs only the refresh and the piggyback, rolled back so nothing is marked
+        delivered, and the answer says so under `piggyback_skipped`; the verb still succeeds.
         """
         result = {} if result is None else result
         if self.heartbeat is None:
@@ -147,6 +150,13 @@ class AgentCall:
                 return []
             if conn is not None:
                 pending = work(conn)
+            elif best_effort:
+                try:
+                    if not self._nothing_to_write():
+                        with self.store.write() as c:
+                            pending = work(c)
+                except SynapolisError as exc:
+                    pending, result["piggyback_skipped"] = [], exc.message
             elif not self._nothing_to_write():
                 with self.store.write() as c:
                     pending = work(c)
@@ -504,6 +514,7 @@ def beat(ws, who: Who | None = None, *, status: str | None = None, task: str | N
     """Write the caller's heartbeat (default status active) and its registry row; an agent in no session
     still gets its heartbeat file."""
     env = os.environ if env is None else env
+    check_fields(status=status, task=task, note=note, ttl_s=ttl_s)  # before anything is written (§2)
     with as_agent(ws, who, env=env, piggyback=piggyback, method=method, need_session=False,
                   need_registration=False, now=now) as call:
         fields = {"status": status or "active"}
@@ -721,9 +732,13 @@ def list_agents(ws, who: Who | None = None, *, session_id: str | None = None, en
 
 def note(ws, who: Who | None, text: str, *, env=None, piggyback: bool = True, now: datetime | None = None) -> dict:
     """Append to the session's notes bus."""
+    board.check_note(text, ws.config)
     with as_agent(ws, who, env=env, piggyback=piggyback, now=now) as call:
-        record = board.append_note(ws, call.session_id, call.agent_id, text, call.now)
-        return call.finish({"note": record})
+        call.beat_now()  # outside the locks: the file write need not serialize writers
+        # all or nothing: the store's write lock first (busy: nothing appended, exit 8), and a failure
+        # after the append (the commit) takes the note back, so a retry never duplicates it
+        with board.note_appender(ws, call.session_id) as add, call.store.write() as conn:
+            return call.finish({"note": add(call.agent_id, text, call.now)}, conn)
 
 
 def read_notes(ws, who: Who | None = None, *, session_id: str | None = None, limit: int = 50, env=None,
@@ -779,9 +794,11 @@ def claim(ws, who: Who | None, item: str, *, ttl_s: float | None = None, wait_s:
     claims.check_wait(wait_s)
     with as_agent(ws, who, env=env, piggyback=piggyback, need_session=False, need_registration=False,
                   now=now) as call:
+        call.beat_now()  # first: a refresh that fails (a full disk) leaves the claim untouched
         record = claims.claim(ws, item, call.agent_id, session_id=call.session_id, ttl_s=ttl_s, wait_s=wait_s,
                               now=now)
-        return call.finish({"claim": dict(record), "event": getattr(record, "event", None)})
+        # the claim happened: a busy store only costs the piggyback, never the verb's exit code
+        return call.finish({"claim": dict(record), "event": getattr(record, "event", None)}, best_effort=True)
 
 
 def release(ws, who: Who | None, item: str, *, force: bool = False, reason: str | None = None, env=None,
@@ -793,8 +810,9 @@ def release(ws, who: Who | None, item: str, *, force: bool = False, reason: str 
     claims.check_force(force, reason)
     with as_agent(ws, who, env=env, piggyback=piggyback, need_session=False, need_registration=False,
                   now=now) as call:
+        call.beat_now()  # first: a refresh that fails (a full disk) leaves the claim untouched
         record = claims.release(ws, item, call.agent_id, force=force, reason=reason, now=now)
-        return call.finish({"claim": dict(record), "event": getattr(record, "event", None)})
+        return call.finish({"claim": dict(record), "event": getattr(record, "event", None)}, best_effort=True)
 
 
 def list_claims(ws, who: Who | None = None, *, env=None, piggyback: bool = True, now: datetime | None = None) -> dict:
