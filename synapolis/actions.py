@@ -15,20 +15,23 @@ from .atomic import locked
 from . import signals as sig
 from .errors import (AmbiguousIdentityError, ConflictError, ForbiddenError, NoIdentityError, NotFoundError,
                      SynapolisError, UsageError)
-from .heartbeat import write_heartbeat
+from .heartbeat import check_fields, write_heartbeat
 from .identity import Who
 from .names import check_text, generate_agent_id, validate_agent_id, validate_claim_item, validate_session_id
-from .sessions import (active_sessions, agent_row, create_session, each_store, is_live, read_session, registry_status,
-                       reopen_session, sessions_of_agent, ts)
-from .store import SessionStore
+from .sessions import (active_sessions, agent_row, create_session, each_store, ensure_session, is_live, read_session,
+                       registry_status, reopen_session, session_exists, sessions_of_agent, ts)
+from .store import open_session, store_for
 from .timeutil import format_ts, humanize_age, parse_ts, utcnow
 
 ENV_HARNESS = "SYNAPOLIS_HARNESS"
 ENV_SUBSTRATE = "SYNAPOLIS_SUBSTRATE"
 
 
-def _now(now: datetime | None) -> datetime:
-    return now or utcnow()
+def _now(now: datetime | None, ws=None) -> datetime:
+    """`now` when the caller fixed it; else the store's clock (the server's for a shared store, §12)."""
+    if now is not None:
+        return now
+    return store_for(ws).now() if ws is not None else utcnow()
 
 
 def _same_token(presented: str, stored: str) -> bool:
@@ -124,11 +127,14 @@ class AgentCall:
             return not sig.has_undelivered(conn, self.agent_id)
 
     def finish(self, result: dict | None = None, conn=None, *, limit: int | None = None,
-               budget_chars: int | None = None, fits=None) -> dict:
+               budget_chars: int | None = None, best_effort: bool = False, fits=None) -> dict:
         """Refresh the heartbeat and the registry, and attach the caller's undelivered signals.
 
         With `conn` (a write transaction the verb holds) everything commits together with the verb.
         A coalesced refresh (LongLived) writes neither the registry row nor, when nothing waits, anything.
+        `best_effort` (a verb whose work is done and durable outside the store: claim, release): a busy
+        or failing store costs only the refresh and the piggyback, rolled back so nothing is marked
+        delivered, and the answer says so under `piggyback_skipped`; the verb still succeeds.
         """
         result = {} if result is None else result
         if self.heartbeat is None:
@@ -137,14 +143,20 @@ class AgentCall:
         if self.registered:
             def work(c):
                 if not self.coalesced:
-                    c.execute("UPDATE agents SET last_heartbeat = ?, status = ? WHERE id = ?",
-                              (ts(self.now), registry_status(self.heartbeat["status"]), self.agent_id))
+                    c.refresh_agent(self.agent_id, ts(self.now), registry_status(self.heartbeat["status"]))
                 if self.piggyback:
                     return sig.drain(c, self.agent_id, self.method, self.now, self.ws.config,
                                      limit=limit, budget_chars=budget_chars, fits=fits)
                 return []
             if conn is not None:
                 pending = work(conn)
+            elif best_effort:
+                try:
+                    if not self._nothing_to_write():
+                        with self.store.write() as c:
+                            pending = work(c)
+                except SynapolisError as exc:
+                    pending, result["piggyback_skipped"] = [], exc.message
             elif not self._nothing_to_write():
                 with self.store.write() as c:
                     pending = work(c)
@@ -231,12 +243,13 @@ class LongLived:
         the call or the environment. identity.json (which may lend the run token) is part of the key by
         its signature; a resolution that needs identity.json's agent or a session search is never kept."""
         who = who or Who()
-        env = os.environ if env is None else env
+        env = {} if who.named_only else os.environ if env is None else env
         names = (who.agent_id, who.session_id, who.run_token, env.get(identity.ENV_AGENT) or None,
                  env.get(identity.ENV_SESSION) or None, env.get(identity.ENV_TOKEN) or None)
         if (names[0] or names[3]) is None or (names[1] or names[4]) is None:
             return identity.resolve(ws, who, env=env, required=required, need_session=need_session, now=now)
-        key = (os.fspath(ws.paths.root), names, required, need_session, file_signature(ws.paths.identity))
+        key = (os.fspath(ws.paths.root), names, who.named_only, required, need_session,
+               file_signature(ws.paths.identity))
         caller = self._callers.get(key)
         if caller is None:
             caller = identity.resolve(ws, who, env=env, required=required, need_session=need_session, now=now)
@@ -250,22 +263,22 @@ class LongLived:
     @contextlib.contextmanager
     def store(self, ws, session_id: str):
         """A store for one verb: an idle one from the pool when its database is still the same file, else
-        a new one (NotFoundError for a missing session, as SessionStore.open). Back to the pool after."""
+        a new one (NotFoundError for a missing session, as open_session). Back to the pool after."""
         key = (os.fspath(ws.paths.root), session_id)
-        path = ws.paths.session_db(session_id)
-        now_sig = file_signature(path)
+        backend = store_for(ws)
+        now_sig = backend.session_signature(session_id)
         store = None
         with self._lock:
             idle = self._pools.get(key) or []
             while idle and store is None:
                 candidate, sig_ = idle.pop()
-                if sig_[:2] == (now_sig or ())[:2] and candidate.busy_timeout_ms == int(ws.config.busy_timeout_ms):
+                if sig_ == now_sig and candidate.busy_timeout_ms == int(ws.config.busy_timeout_ms):
                     store = candidate
                 else:
                     candidate.close()
         if store is None:
-            store = SessionStore.open(ws, session_id)
-            now_sig = file_signature(path) or (None, None)
+            store = backend.open_session(session_id)
+            now_sig = backend.session_signature(session_id) or (None, None)
         try:
             yield store
         except SynapolisError:
@@ -362,7 +375,7 @@ def as_agent(ws, who: Who | None = None, *, env=None, piggyback: bool = True, me
     refresh; without it every call resolves, opens and writes afresh.
     """
     live = live if live is not None or _LIVE is None else _LIVE.get()
-    now = _now(now)
+    now = _now(now, ws)
     if live is not None:
         caller = live.resolve(ws, who, env=env, required=required, need_session=need_session, now=now)
     else:
@@ -375,7 +388,7 @@ def as_agent(ws, who: Who | None = None, *, env=None, piggyback: bool = True, me
         if caller.session_id is not None:
             try:
                 store = stack.enter_context(live.store(ws, caller.session_id) if live is not None
-                                            else SessionStore.open(ws, caller.session_id))
+                                            else open_session(ws, caller.session_id))
             except NotFoundError:
                 if required:  # a session that was named (or remembered) but does not exist
                     raise
@@ -404,7 +417,7 @@ def as_agent(ws, who: Who | None = None, *, env=None, piggyback: bool = True, me
 def _who(who: Who | None, session_id: str | None = None) -> Who:
     who = who or Who()
     if session_id is not None:
-        return Who(who.agent_id, session_id, who.run_token)
+        return Who(who.agent_id, session_id, who.run_token, who.named_only)
     return who
 
 
@@ -413,12 +426,11 @@ def _who(who: Who | None, session_id: str | None = None) -> Who:
 def _choose_session(ws, session_id, new_session, now) -> tuple[str, bool]:
     """(session id, created?) for start: the named one, a new one, or the only active one."""
     if session_id is not None:
-        path = ws.paths.session_json(session_id)
-        if not path.exists():
-            return create_session(ws, session_id, now), True
+        if not session_exists(ws, session_id):
+            return ensure_session(ws, session_id, now)
         if read_session(ws, session_id).get("status") != "active":
             reopen_session(ws, session_id, now)
-        SessionStore.open(ws, session_id, create=True).close()  # a crash may have left only session.json
+        open_session(ws, session_id, create=True).close()  # a crash may have left only session.json
         return session_id, False
     if new_session:
         return create_session(ws, None, now), True
@@ -437,7 +449,7 @@ def start(ws, *, agent_id: str | None = None, session_id: str | None = None, har
           now: datetime | None = None, write_identity: bool = True) -> dict:
     """`start_session`: register the agent in a session, beat, write identity.json, drain (startup_drain)."""
     env = os.environ if env is None else env
-    now = _now(now)
+    now = _now(now, ws)
     if agent_id is not None:
         validate_agent_id(agent_id)
     if session_id is not None:
@@ -465,7 +477,7 @@ def start(ws, *, agent_id: str | None = None, session_id: str | None = None, har
     ws.ensure()
     with locked(ws.paths.lock("sessions")):  # two first agents must not each create a session
         session_id, created = _choose_session(ws, session_id, new_session, now)
-    with SessionStore.open(ws, session_id) as store, store.write() as conn:
+    with open_session(ws, session_id) as store, store.write() as conn:
         row = agent_row(conn, agent_id)
         stamp = ts(now)
         if row is not None:
@@ -480,16 +492,10 @@ def start(ws, *, agent_id: str | None = None, session_id: str | None = None, har
                     f"{humanize_age(age)}): present its run token to reclaim it, or pick another --agent-id")
             else:
                 token, how = _new_token(), "taken_over"
-            conn.execute("UPDATE agents SET harness = ?, substrate = ?, status = 'active', last_heartbeat = ?, "
-                         "run_token = ?, started_at = ? WHERE id = ?",
-                         (harness, substrate or "", stamp, token, stamp, agent_id))
+            conn.restart_agent(agent_id, harness=harness, substrate=substrate or "", stamp=stamp, run_token=token)
         else:
             token, how = run_token or _new_token(), "joined"
-            joined_seq = conn.execute("SELECT COALESCE(max(sequence), 0) FROM signals").fetchone()[0]
-            conn.execute("INSERT INTO agents (id, harness, substrate, status, last_heartbeat, run_token, joined_at, "
-                         "joined_seq, read_upto, delivered_upto, started_at) "
-                         "VALUES (?, ?, ?, 'active', ?, ?, ?, ?, 0, 0, ?)",
-                         (agent_id, harness, substrate or "", stamp, token, stamp, joined_seq, stamp))
+            conn.register_agent(agent_id, harness=harness, substrate=substrate or "", stamp=stamp, run_token=token)
         pending = sig.drain(conn, agent_id, "startup_drain", now, ws.config) if piggyback else []
     doc = write_heartbeat(ws.paths, agent_id, harness=harness, substrate=substrate, session_id=session_id,
                           status="active", now=format_ts(now))
@@ -508,6 +514,7 @@ def beat(ws, who: Who | None = None, *, status: str | None = None, task: str | N
     """Write the caller's heartbeat (default status active) and its registry row; an agent in no session
     still gets its heartbeat file."""
     env = os.environ if env is None else env
+    check_fields(status=status, task=task, note=note, ttl_s=ttl_s)  # before anything is written (§2)
     with as_agent(ws, who, env=env, piggyback=piggyback, method=method, need_session=False,
                   need_registration=False, now=now) as call:
         fields = {"status": status or "active"}
@@ -583,16 +590,28 @@ def signals_pending(ws, who: Who | None = None, *, env=None, method: str = "poll
             return call.finish({}, conn, limit=limit, budget_chars=budget_chars)
 
 
-def inbox(ws, session_id: str, agent_id: str, *, method: str = "push", now: datetime | None = None) -> dict:
-    """The MCP inbox resource: the agent's unread signals; those not yet delivered are marked with `method`."""
+def inbox(ws, who: Who | None, session_id: str, agent_id: str, *, env=None, method: str = "push",
+          now: datetime | None = None) -> dict:
+    """The MCP inbox resource: the caller's own unread signals; those not yet delivered are marked with `method`.
+
+    Only the agent itself may read it, proven as for any verb (its run token included): the read marks
+    signals delivered, so anyone else's read would steal the delivery. A stranger gets ForbiddenError, and
+    nothing is marked.
+    """
     validate_session_id(session_id)
     validate_agent_id(agent_id)
-    now = _now(now)
-    with SessionStore.open(ws, session_id) as store, store.write() as conn:
-        if agent_row(conn, agent_id) is None:
-            raise NotFoundError(f"agent {agent_id!r} is not registered in session {session_id!r}")
-        sig.drain(conn, agent_id, method, now, ws.config)
-        return {"signals": sig.unread(conn, agent_id)}
+    who = who or Who()
+    refusal = f"the inbox of {agent_id} in session {session_id} is read only by that agent itself"
+    if who.agent_id is not None and who.agent_id != agent_id:
+        raise ForbiddenError(refusal)
+    with as_agent(ws, _who(who, session_id), env=env, piggyback=False, now=now) as call:
+        if (call.agent_id, call.session_id) != (agent_id, session_id):
+            raise ForbiddenError(refusal)
+        with call.store.write() as conn:
+            sig.drain(conn, agent_id, method, call.now, ws.config)
+            result = call.finish({"signals": sig.unread(conn, agent_id)}, conn)
+    del result["pending_signals"]
+    return result
 
 
 def follow_signals(ws, who: Who | None = None, *, unread_only: bool = True, limit: int | None = None, env=None,
@@ -619,7 +638,7 @@ def follow_signals(ws, who: Who | None = None, *, unread_only: bool = True, limi
 
     observer = start_observer(event_handler(on_event), ws.paths.session_dir(session), poll_interval_s=0.5)
     try:
-        with SessionStore.open(ws, session) as store:
+        with open_session(ws, session) as store:
             while not stop.is_set():
                 changed.wait(safety_wait_s)
                 changed.clear()
@@ -637,7 +656,7 @@ def follow_signals(ws, who: Who | None = None, *, unread_only: bool = True, limi
 def warn_sessions(ws, incident: dict, now: datetime | None = None) -> list[dict]:
     """The escalation writer's `warn`: a broadcast from `synapolis.watchdog` into each active session
     the incident's agent is registered in (every active session for `@global`)."""
-    now = _now(now)
+    now = _now(now, ws)
     agent = str(incident.get("agent_id") or "@global")
     targets = active_sessions(ws) if agent.startswith("@") else sessions_of_agent(ws, agent)
     condition = incident.get("condition", "failing")
@@ -650,7 +669,7 @@ def warn_sessions(ws, incident: dict, now: datetime | None = None) -> list[dict]
             "its work may need taking over")
     sent = []
     for session_id in targets:
-        with SessionStore.open(ws, session_id) as store, store.write() as conn:
+        with open_session(ws, session_id) as store, store.write() as conn:
             doc, _aud = sig.send(conn, caller=None, recipient=sig.BROADCAST, content=what, now=now,
                                  config=ws.config, type_="warn", sender=sig.SYSTEM_SENDER, rate_limited=False)
         sent.append({"session_id": session_id, "signal_id": doc["id"]})
@@ -697,12 +716,12 @@ def list_agents(ws, who: Who | None = None, *, session_id: str | None = None, en
     status and their heartbeat's effective status."""
     from .status import status_of_agent
 
-    now = _now(now)
+    now = _now(now, ws)
     with as_agent(ws, _who(who, session_id), env=env, piggyback=piggyback, mutation=False, required=False,
                   now=now) as call:
         agents = []
         for sid, conn in _stores(ws, call, _read_scope(ws, call, session_id, several_ok=True)):
-            for r in conn.execute("SELECT * FROM agents ORDER BY id").fetchall():
+            for r in conn.agents():
                 agents.append({"id": r["id"], "session_id": sid, "harness": r["harness"],
                                "substrate": r["substrate"] or None, "status": r["status"],
                                "effective_status": status_of_agent(ws.paths, r["id"], now, ws.config),
@@ -713,9 +732,13 @@ def list_agents(ws, who: Who | None = None, *, session_id: str | None = None, en
 
 def note(ws, who: Who | None, text: str, *, env=None, piggyback: bool = True, now: datetime | None = None) -> dict:
     """Append to the session's notes bus."""
+    board.check_note(text, ws.config)
     with as_agent(ws, who, env=env, piggyback=piggyback, now=now) as call:
-        record = board.append_note(ws, call.session_id, call.agent_id, text, call.now)
-        return call.finish({"note": record})
+        call.beat_now()  # outside the locks: the file write need not serialize writers
+        # all or nothing: the store's write lock first (busy: nothing appended, exit 8), and a failure
+        # after the append (the commit) takes the note back, so a retry never duplicates it
+        with board.note_appender(ws, call.session_id) as add, call.store.write() as conn:
+            return call.finish({"note": add(call.agent_id, text, call.now)}, conn)
 
 
 def read_notes(ws, who: Who | None = None, *, session_id: str | None = None, limit: int = 50, env=None,
@@ -751,7 +774,7 @@ def whiteboard_read(ws, who: Who | None = None, key: str | None = None, *, sessi
             if key is not None:
                 raise NotFoundError(f"no whiteboard key {key!r}: there is no active session")
             return _finish_read(call, {"entries": [], "session_id": None})
-        with SessionStore.open(ws, scope[0]) as store, store.read() as conn:
+        with open_session(ws, scope[0]) as store, store.read() as conn:
             result = {"entry": board.read_entry(conn, key)} if key is not None else \
                 {"entries": board.read_entries(conn)}
         result["session_id"] = scope[0]
@@ -771,9 +794,11 @@ def claim(ws, who: Who | None, item: str, *, ttl_s: float | None = None, wait_s:
     claims.check_wait(wait_s)
     with as_agent(ws, who, env=env, piggyback=piggyback, need_session=False, need_registration=False,
                   now=now) as call:
+        call.beat_now()  # first: a refresh that fails (a full disk) leaves the claim untouched
         record = claims.claim(ws, item, call.agent_id, session_id=call.session_id, ttl_s=ttl_s, wait_s=wait_s,
                               now=now)
-        return call.finish({"claim": dict(record), "event": getattr(record, "event", None)})
+        # the claim happened: a busy store only costs the piggyback, never the verb's exit code
+        return call.finish({"claim": dict(record), "event": getattr(record, "event", None)}, best_effort=True)
 
 
 def release(ws, who: Who | None, item: str, *, force: bool = False, reason: str | None = None, env=None,
@@ -785,8 +810,9 @@ def release(ws, who: Who | None, item: str, *, force: bool = False, reason: str 
     claims.check_force(force, reason)
     with as_agent(ws, who, env=env, piggyback=piggyback, need_session=False, need_registration=False,
                   now=now) as call:
+        call.beat_now()  # first: a refresh that fails (a full disk) leaves the claim untouched
         record = claims.release(ws, item, call.agent_id, force=force, reason=reason, now=now)
-        return call.finish({"claim": dict(record), "event": getattr(record, "event", None)})
+        return call.finish({"claim": dict(record), "event": getattr(record, "event", None)}, best_effort=True)
 
 
 def list_claims(ws, who: Who | None = None, *, env=None, piggyback: bool = True, now: datetime | None = None) -> dict:
