@@ -18,8 +18,8 @@ from .errors import (AmbiguousIdentityError, ConflictError, ForbiddenError, NoId
 from .heartbeat import check_fields, write_heartbeat
 from .identity import Who
 from .names import check_text, generate_agent_id, validate_agent_id, validate_claim_item, validate_session_id
-from .sessions import (active_sessions, agent_row, create_session, each_store, is_live, read_session, registry_status,
-                       reopen_session, session_exists, sessions_of_agent, ts)
+from .sessions import (active_sessions, agent_row, create_session, each_store, ensure_session, is_live, read_session,
+                       registry_status, reopen_session, session_exists, sessions_of_agent, ts)
 from .store import open_session, store_for
 from .timeutil import format_ts, humanize_age, parse_ts, utcnow
 
@@ -27,8 +27,11 @@ ENV_HARNESS = "SYNAPOLIS_HARNESS"
 ENV_SUBSTRATE = "SYNAPOLIS_SUBSTRATE"
 
 
-def _now(now: datetime | None) -> datetime:
-    return now or utcnow()
+def _now(now: datetime | None, ws=None) -> datetime:
+    """`now` when the caller fixed it; else the store's clock (the server's for a shared store, §12)."""
+    if now is not None:
+        return now
+    return store_for(ws).now() if ws is not None else utcnow()
 
 
 def _same_token(presented: str, stored: str) -> bool:
@@ -124,7 +127,7 @@ class AgentCall:
             return not sig.has_undelivered(conn, self.agent_id)
 
     def finish(self, result: dict | None = None, conn=None, *, limit: int | None = None,
-               budget_chars: int | None = None, best_effort: bool = False) -> dict:
+               budget_chars: int | None = None, best_effort: bool = False, fits=None) -> dict:
         """Refresh the heartbeat and the registry, and attach the caller's undelivered signals.
 
         With `conn` (a write transaction the verb holds) everything commits together with the verb.
@@ -146,7 +149,8 @@ class AgentCall:
                     return sig.drain_page(
                         c, self.agent_id, self.method, self.now, self.ws.config,
                         limit=sig.PIGGYBACK_LIMIT if limit is None else limit,
-                        budget_chars=sig.PIGGYBACK_BUDGET_CHARS if budget_chars is None else budget_chars)
+                        budget_chars=sig.PIGGYBACK_BUDGET_CHARS if budget_chars is None and fits is None
+                        else budget_chars, fits=fits)
                 return [], 0
             if conn is not None:
                 pending = work(conn)
@@ -375,7 +379,7 @@ def as_agent(ws, who: Who | None = None, *, env=None, piggyback: bool = True, me
     refresh; without it every call resolves, opens and writes afresh.
     """
     live = live if live is not None or _LIVE is None else _LIVE.get()
-    now = _now(now)
+    now = _now(now, ws)
     if live is not None:
         caller = live.resolve(ws, who, env=env, required=required, need_session=need_session, now=now)
     else:
@@ -427,7 +431,7 @@ def _choose_session(ws, session_id, new_session, now) -> tuple[str, bool]:
     """(session id, created?) for start: the named one, a new one, or the only active one."""
     if session_id is not None:
         if not session_exists(ws, session_id):
-            return create_session(ws, session_id, now), True
+            return ensure_session(ws, session_id, now)
         if read_session(ws, session_id).get("status") != "active":
             reopen_session(ws, session_id, now)
         open_session(ws, session_id, create=True).close()  # a crash may have left only session.json
@@ -449,7 +453,7 @@ def start(ws, *, agent_id: str | None = None, session_id: str | None = None, har
           now: datetime | None = None, write_identity: bool = True) -> dict:
     """`start_session`: register the agent in a session, beat, write identity.json, drain (startup_drain)."""
     env = os.environ if env is None else env
-    now = _now(now)
+    now = _now(now, ws)
     if agent_id is not None:
         validate_agent_id(agent_id)
     if session_id is not None:
@@ -671,7 +675,7 @@ def follow_signals(ws, who: Who | None = None, *, unread_only: bool = True, limi
 def warn_sessions(ws, incident: dict, now: datetime | None = None) -> list[dict]:
     """The escalation writer's `warn`: a broadcast from `synapolis.watchdog` into each active session
     the incident's agent is registered in (every active session for `@global`)."""
-    now = _now(now)
+    now = _now(now, ws)
     agent = str(incident.get("agent_id") or "@global")
     targets = active_sessions(ws) if agent.startswith("@") else sessions_of_agent(ws, agent)
     condition = incident.get("condition", "failing")
@@ -731,7 +735,7 @@ def list_agents(ws, who: Who | None = None, *, session_id: str | None = None, en
     status and their heartbeat's effective status."""
     from .status import status_of_agent
 
-    now = _now(now)
+    now = _now(now, ws)
     with as_agent(ws, _who(who, session_id), env=env, piggyback=piggyback, mutation=False, required=False,
                   now=now) as call:
         agents = []

@@ -270,20 +270,21 @@ def _raise_clock(tx, agent_id: str, lamports) -> None:
 
 
 def drain(tx, agent_id: str, method: str, now: datetime, config, limit: int | None = None,
-          budget_chars: int | None = None) -> list[dict]:
+          budget_chars: int | None = None, fits=None) -> list[dict]:
     """`drain_page` without the count of what is left."""
-    return drain_page(tx, agent_id, method, now, config, limit=limit, budget_chars=budget_chars)[0]
+    return drain_page(tx, agent_id, method, now, config, limit=limit, budget_chars=budget_chars, fits=fits)[0]
 
 
 def drain_page(tx, agent_id: str, method: str, now: datetime, config, limit: int | None = None,
-               budget_chars: int | None = None) -> tuple[list[dict], int]:
+               budget_chars: int | None = None, fits=None) -> tuple[list[dict], int]:
     """Inside a write transaction: a page of the reader's undelivered unread signals, marked delivered with
     `method`; (the page, how many undelivered are left, counted up to COUNT_CAP).
 
     For `hook`, also signals a hook delivered that are still unacked after redeliver_after_s, up to
-    three offers in all. `limit` and `budget_chars` (JSON characters, `fit`) cut the oldest-first list
-    (defaults PAGE_LIMIT and PAGE_BUDGET_CHARS), and only what is returned is marked. A hook's budget is
-    a hard cap; any other page holds at least one signal, so paging never stalls.
+    three offers in all. `limit`, `budget_chars` (JSON characters, `fit`; defaults PAGE_LIMIT and
+    PAGE_BUDGET_CHARS) and `fits(chosen, next)` (False: the next one would not fit what the caller can
+    show) cut the oldest-first list, and only what is returned is marked. A hook's budget is a hard cap;
+    any other page holds at least one signal, so paging never stalls.
     """
     if method not in METHODS:
         raise UsageError(f"delivery method must be one of {', '.join(METHODS)}")
@@ -293,7 +294,8 @@ def drain_page(tx, agent_id: str, method: str, now: datetime, config, limit: int
     if state is None:
         return [], 0
     limit = PAGE_LIMIT if limit is None else int(limit)
-    budget_chars = PAGE_BUDGET_CHARS if budget_chars is None else budget_chars
+    if budget_chars is None and fits is None:  # a caller's own `fits` (a hook's exact measure) replaces it
+        budget_chars = PAGE_BUDGET_CHARS
     floor = state["delivered_upto"]
     fresh = [dict(as_dict(r), offers=0) for r in tx.visible_signals(
         agent_id, max(floor, state["joined_seq"]), floor, unread=True, undelivered=True, limit=limit + 1)]
@@ -303,6 +305,11 @@ def drain_page(tx, agent_id: str, method: str, now: datetime, config, limit: int
         again = [dict(as_dict(r), offers=r["offers"]) for r in tx.hook_redeliveries(agent_id, MAX_HOOK_OFFERS, cutoff)]
     candidates = sorted(fresh + again, key=lambda s: s["sequence"])
     chosen = candidates[:fit(candidates, limit, budget_chars, at_least_one=method != "hook")]
+    if fits is not None:
+        for count, item in enumerate(chosen):
+            if not fits(chosen[:count], item):
+                chosen = chosen[:count]
+                break
     complete = len(chosen) == len(candidates) and len(fresh) <= limit
     remaining = 0
     if not complete:

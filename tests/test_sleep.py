@@ -15,14 +15,11 @@ from synapolis.identity import Who
 from synapolis.schemas import validation_errors
 from synapolis.timeutil import utcnow
 
+from conftest import store_rows
+
 
 def db_rows(ws, session_id, sql, args=()):
-    conn = sqlite3.connect(ws.paths.session_db(session_id))
-    conn.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in conn.execute(sql, args).fetchall()]
-    finally:
-        conn.close()
+    return store_rows(ws, session_id, sql, args)
 
 
 def registry(ws, session_id):
@@ -239,6 +236,7 @@ def test_retried_tired_stages_once(ws):
     assert staged_count(ws, sid) == 3
 
 
+@pytest.mark.sqlite_only
 def test_broken_staged_row_is_left_staged_not_lost(ws):
     now = utcnow()
     sid = start(ws, "alice", new_session=True, now=now)["session_id"]

@@ -253,5 +253,12 @@ class Store(abc.ABC):
         with locked(lock_path, blocking=False) as got:
             yield got
 
+    def listen(self, on_change, stop, retry_s: float = 1.0):
+        """Push: call `on_change(session_id)` when a signal is stored in that session by any process,
+        and `on_change(None)` when everything must be re-checked (after a lost connection). Returns the
+        thread doing it, or None when the store has no push of its own (SQLite: watch the session
+        folder instead)."""
+        return None
+
     def close(self) -> None:
         """Release what the store holds (connections)."""

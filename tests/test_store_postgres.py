@@ -1,0 +1,332 @@
+"""The PostgreSQL store with real processes: two state directories standing for two machines, one database.
+
+Every test here needs a PostgreSQL server (tests/conftest.py `pg_server`: $SYNAPOLIS_TEST_PG_URL or a
+throwaway one from scripts/synapolis-test-postgres); without one they skip, in CI they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from synapolis import actions
+from synapolis.sessions import read_session
+from synapolis.errors import BusyError
+from synapolis.identity import Who
+from synapolis.workspace import Workspace
+
+from conftest import PG_SCRIPT, _cli_env, no_postgres, store_rows, use_store
+
+FAST = {"rate_limit_per_min": 100000}
+
+
+def _config(ws, **values) -> Workspace:
+    document = json.loads(ws.paths.config.read_text())
+    document.update(values)
+    ws.paths.config.write_text(json.dumps(document))
+    return Workspace.open(ws.root)
+
+
+@pytest.fixture
+def machines(tmp_path, pg_url):
+    """Two state directories ("laptop", "runner") pointing at one fresh database."""
+    a = _config(use_store(tmp_path / "laptop", pg_url), **FAST)
+    b = _config(use_store(tmp_path / "runner", pg_url), **FAST)
+    return a, b
+
+
+def run_cli(ws, *args, input=None, env=None, timeout=60):
+    cmd = [sys.executable, "-m", "synapolis", "--state-dir", str(ws.root), *map(str, args)]
+    return subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout, env=_cli_env(env))
+
+
+def test_cross_machine_signals_are_delivered_exactly_once(machines):
+    laptop, runner = machines
+    sid = actions.start(laptop, agent_id="alice", session_id="s1", env={})["session_id"]
+    actions.start(runner, agent_id="bob", session_id=sid, env={})
+    bob, alice = Who("bob", sid), Who("alice", sid)
+    sent = [actions.signal(runner, bob, to, text, env={}, piggyback=False)["signal"]["id"]
+            for to, text in (("alice", "directed"), ("*", "broadcast"), ("alice.tests", "to a sub-agent"))]
+    first = actions.signals_pending(laptop, alice, env={})["pending_signals"]
+    assert [s["id"] for s in first] == sent
+    assert [s["sequence"] for s in first] == sorted(s["sequence"] for s in first)
+    assert actions.signals_pending(laptop, alice, env={})["pending_signals"] == []
+    rows = store_rows(laptop, sid, "SELECT signal_id, delivery_method FROM signal_deliveries WHERE agent_id = ?",
+                      ("alice",))
+    assert sorted(r["signal_id"] for r in rows) == sorted(sent) and {r["delivery_method"] for r in rows} == {"poll"}
+    # both machines list both agents, and the laptop's session is the runner's
+    ids = {a["id"] for a in actions.list_agents(runner, bob, env={})["agents"]}
+    assert ids == {"alice", "bob"}
+    assert not runner.paths.session_db(sid).exists()  # nothing of the session is in the local files
+
+
+WRITER = r"""
+import json, sys
+from synapolis import actions
+from synapolis.identity import Who
+from synapolis.workspace import Workspace
+ws = Workspace.open(sys.argv[1])
+who = Who(sys.argv[2], sys.argv[3])
+for i in range(int(sys.argv[4])):
+    out = actions.signal(ws, who, sys.argv[5], f"{sys.argv[2]}-{i}", env={}, piggyback=False)
+    print(out["signal"]["id"], flush=True)
+"""
+
+
+def test_eight_writers_on_two_machines_and_a_draining_reader(machines):
+    """Every signal reaches the reader once, none skipped, in strictly increasing `sequence`, while
+    eight processes on both machines commit concurrently."""
+    laptop, runner = machines
+    sid = actions.start(laptop, agent_id="reader", session_id="s1", env={})["session_id"]
+    writers = [f"w{i}" for i in range(8)]
+    for i, name in enumerate(writers):
+        actions.start(laptop if i % 2 else runner, agent_id=name, session_id=sid, env={})
+    per_writer = 25
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str((laptop if i % 2 else runner).root), name, sid,
+                               str(per_writer), "reader" if i % 3 else "*"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i, name in enumerate(writers)]
+    reader = Who("reader", sid)
+    got = []
+    while any(p.poll() is None for p in procs):
+        got += actions.signals_pending(laptop, reader, env={})["pending_signals"]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-500:] for o in outs]
+    got += actions.signals_pending(laptop, reader, env={})["pending_signals"]
+    sent = [line for out, _err in outs for line in out.split()]
+    assert len(sent) == 8 * per_writer
+    ids = [s["id"] for s in got]
+    assert len(ids) == len(set(ids)), "a signal was delivered twice"
+    assert set(ids) == set(sent), f"{len(set(sent) - set(ids))} signal(s) skipped"
+    sequences = [s["sequence"] for s in got]
+    assert sequences == sorted(sequences) and len(set(sequences)) == len(sequences)
+
+
+def test_a_reader_never_moves_past_an_uncommitted_signal(machines):
+    """The sequence/watermark problem, made to happen: a transaction draws a sequence and does not commit;
+    a later sender must wait for it (so sequence order is commit order), and a reader draining meanwhile
+    sees neither and does not move its watermark past either."""
+    import psycopg
+    from psycopg.rows import dict_row
+
+    from synapolis.store.postgres import PostgresTransaction
+
+    laptop, runner = machines
+    sid = actions.start(laptop, agent_id="alice", session_id="s1", env={})["session_id"]
+    actions.start(runner, agent_id="bob", session_id=sid, env={})
+    actions.start(runner, agent_id="carol", session_id=sid, env={})
+    slow = psycopg.connect(laptop.config.store, row_factory=dict_row)  # a writer stuck mid-transaction
+    tx = PostgresTransaction(slow.cursor(), sid, True)
+    first = {"id": "a" * 64, "timestamp": "2030-01-01T00:00:00.000000Z", "sender": "bob", "recipient": "alice",
+             "type": "inform", "content": "slow", "lamport": 1, "reply_to": None}
+    first_seq = tx.insert_signal(first)
+    later = {}
+
+    def send_later():
+        later.update(actions.signal(runner, Who("carol", sid), "alice", "fast", env={}, piggyback=False)["signal"])
+
+    sender = threading.Thread(target=send_later)
+    sender.start()
+    time.sleep(0.5)
+    assert sender.is_alive(), "a second insert ran while an earlier sequence was uncommitted"
+    assert actions.signals_pending(laptop, Who("alice", sid), env={})["pending_signals"] == []
+    row = store_rows(laptop, sid, "SELECT delivered_upto FROM agents WHERE id = 'alice'")[0]
+    assert row["delivered_upto"] < first_seq
+    slow.commit()
+    slow.close()
+    sender.join(10)
+    assert later["sequence"] > first_seq
+    got = actions.signals_pending(laptop, Who("alice", sid), env={})["pending_signals"]
+    assert [s["content"] for s in got] == ["slow", "fast"]
+
+
+TIRED = r"""
+import json, sys
+from synapolis import sleep
+from synapolis.identity import Who
+from synapolis.workspace import Workspace
+ws = Workspace.open(sys.argv[1])
+out = sleep.tired(ws, Who(sys.argv[2], sys.argv[3]), memories=json.loads(sys.argv[4]), env={})
+print(json.dumps({"outcome": out["outcome"], "merged": out["merged"]}))
+"""
+
+
+def test_four_agents_tired_at_once_across_machines_consolidate_once(machines):
+    laptop, runner = machines
+    sid = actions.start(laptop, agent_id="a0", session_id="s1", env={})["session_id"]
+    for i in range(1, 4):
+        actions.start(laptop if i % 2 == 0 else runner, agent_id=f"a{i}", session_id=sid, env={})
+    memories = [json.dumps(["shared fact", f"fact of a{i}"]) for i in range(4)]
+    procs = [subprocess.Popen([sys.executable, "-c", TIRED, str((laptop if i % 2 == 0 else runner).root), f"a{i}",
+                               sid, memories[i]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(4)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-500:] for o in outs]
+    results = [json.loads(o[0]) for o in outs]
+    assert [r["outcome"] for r in results].count("consolidated") == 1
+    ledger = [json.loads(line) for ws in machines if ws.paths.memory_ledger.exists()
+              for line in ws.paths.memory_ledger.read_text().splitlines()]
+    assert sorted(line["text"] for line in ledger) == sorted(["shared fact"] + [f"fact of a{i}" for i in range(4)])
+    assert store_rows(laptop, sid, "SELECT COUNT(*) AS n FROM staged_memories")[0]["n"] == 0
+    assert read_session(runner, sid)["status"] == "ended"
+
+
+def test_one_watchdog_pass_across_machines(machines):
+    import psycopg
+
+    laptop, runner = machines
+    holder = psycopg.connect(laptop.config.store, autocommit=True)
+    holder.execute("SELECT pg_advisory_lock(hashtextextended('synapolis.pass.watchdog', 0))")
+    out = run_cli(runner, "watchdog", "--json")
+    assert out.returncode == 0 and json.loads(out.stdout)["ran"] is False
+    holder.close()  # the pass on the other machine ends
+    out = run_cli(runner, "watchdog", "--json")
+    assert out.returncode == 0 and json.loads(out.stdout)["ran"] is True
+
+
+SENDER_LOOP = r"""
+import sys
+from synapolis import actions
+from synapolis.identity import Who
+from synapolis.workspace import Workspace
+ws = Workspace.open(sys.argv[1])
+i = 0
+while True:
+    out = actions.signal(ws, Who("bob", sys.argv[2]), "alice", f"n{i}", env={}, piggyback=False)
+    print(out["signal"]["id"], flush=True)
+    i += 1
+"""
+
+
+def test_sigkill_mid_send_keeps_every_acknowledged_signal_once(machines):
+    laptop, runner = machines
+    sid = actions.start(laptop, agent_id="alice", session_id="s1", env={})["session_id"]
+    actions.start(runner, agent_id="bob", session_id=sid, env={})
+    proc = subprocess.Popen([sys.executable, "-c", SENDER_LOOP, str(runner.root), sid], stdout=subprocess.PIPE,
+                            text=True)
+    acknowledged = []
+    while len(acknowledged) < 30:
+        acknowledged.append(proc.stdout.readline().strip())
+    proc.send_signal(signal.SIGKILL)
+    rest = proc.stdout.read().split()
+    proc.wait()
+    acknowledged += rest
+    got = actions.signals_pending(laptop, Who("alice", sid), env={})["pending_signals"]
+    ids = [s["id"] for s in got]
+    assert len(ids) == len(set(ids))
+    assert set(acknowledged) <= set(ids)
+    # the next call on the killed machine works without any manual step
+    again = actions.signal(runner, Who("bob", sid), "alice", "after the kill", env={}, piggyback=False)
+    assert again["signal"]["sequence"] > max(s["sequence"] for s in got)
+
+
+def test_schema_created_by_four_processes_at_once(pg_url, tmp_path):
+    dirs = [use_store(tmp_path / f"m{i}", pg_url) for i in range(4)]
+    procs = [subprocess.Popen([sys.executable, "-m", "synapolis", "--state-dir", str(ws.root), "start", "--agent-id",
+                               f"a{i}", "--session-id", "s1", "--json"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=_cli_env()) for i, ws in enumerate(dirs)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], [o[1][-300:] for o in outs]
+    created = [json.loads(o[0])["created_session"] for o in outs]
+    assert created.count(True) == 1
+    import psycopg
+
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT version FROM synapolis_schema").fetchone()[0] == 1
+        assert conn.execute("SELECT COUNT(*) FROM agents WHERE session_id = 's1'").fetchone()[0] == 4
+
+
+# -- faults: bounded, exit 8, one line naming the host, never the password -----------------------------
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _assert_busy_line(out, host_port: str, password: str | None):
+    assert out.returncode == 8, out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in out.stderr
+    assert host_port in lines[0]
+    if password:
+        assert password not in out.stderr and password not in out.stdout
+
+
+def test_nothing_listening_is_exit_8_quickly(tmp_path):
+    port = _free_port()
+    ws = use_store(tmp_path / "state", f"postgresql://synapolis:s3cret-pw@127.0.0.1:{port}/synapolis")
+    began = time.monotonic()
+    out = run_cli(ws, "start", "--agent-id", "alice")
+    assert time.monotonic() - began < 15
+    _assert_busy_line(out, f"127.0.0.1:{port}", "s3cret-pw")
+    assert "refused" in out.stderr.lower()
+    # the hook still exits 0
+    hook = run_cli(ws, "hook", "claude-code", input=json.dumps({"session_id": "c1", "hook_event_name": "SessionStart",
+                                                                "cwd": str(tmp_path)}))
+    assert hook.returncode == 0 and "s3cret-pw" not in hook.stderr + hook.stdout
+
+
+def test_wrong_password_is_exit_8_and_never_shows_it(pg_url, tmp_path):
+    from psycopg.conninfo import conninfo_to_dict
+
+    parts = conninfo_to_dict(pg_url)
+    bad = pg_url.replace(f":{parts['password']}@", ":wrong-Passw0rd@")
+    ws = use_store(tmp_path / "state", bad)
+    out = run_cli(ws, "start", "--agent-id", "alice", "--json")
+    _assert_busy_line(out, f"{parts['host']}:{parts['port']}", "wrong-Passw0rd")
+    assert "password authentication failed" in out.stderr
+    assert json.loads(out.stdout)["error"]["type"] == "BusyError"
+    with pytest.raises(BusyError) as caught:
+        actions.start(ws, agent_id="alice", env={})
+    assert "wrong-Passw0rd" not in str(caught.value)
+
+
+def test_server_stopped_and_started_between_calls(tmp_path):
+    done = subprocess.run(["bash", PG_SCRIPT, "start"], capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        no_postgres(f"cannot start a private PostgreSQL server: {done.stderr[-200:]}")
+    found = dict(line.split("=", 1) for line in done.stdout.replace("export ", "").replace("'", "").split())
+    url, folder = found["SYNAPOLIS_TEST_PG_URL"], found["SYNAPOLIS_TEST_PG_DIR"]
+    try:
+        ws = use_store(tmp_path / "state", url)
+        assert run_cli(ws, "start", "--agent-id", "alice", "--session-id", "s1").returncode == 0
+        subprocess.run(["bash", PG_SCRIPT, "stop", folder], check=True, capture_output=True, timeout=120)
+        out = run_cli(ws, "beat", "--agent-id", "alice", "--session-id", "s1")
+        _assert_busy_line(out, "127.0.0.1:", url.split(":")[2].split("@")[0])
+        assert json.loads(ws.paths.heartbeat("alice").read_text())["agent_id"] == "alice"  # the local beat landed
+        subprocess.run(["bash", PG_SCRIPT, "start", folder], check=True, capture_output=True, timeout=120)
+        out = run_cli(ws, "signal", "--agent-id", "alice", "--session-id", "s1", "*", "back again")
+        assert out.returncode == 0, out.stderr
+        # a long-lived process (this one) whose connection died with the server: one BusyError, then it works
+        actions.beat(ws, Who("alice", "s1"), env={})
+        subprocess.run(["bash", PG_SCRIPT, "stop", folder], check=True, capture_output=True, timeout=120)
+        subprocess.run(["bash", PG_SCRIPT, "start", folder], check=True, capture_output=True, timeout=120)
+        try:
+            actions.beat(ws, Who("alice", "s1"), env={})
+        except BusyError as exc:
+            assert "127.0.0.1" in str(exc)
+        assert actions.beat(ws, Who("alice", "s1"), env={})["registered"] is True
+    finally:
+        from synapolis.store import close_all
+
+        close_all()
+        subprocess.run(["bash", PG_SCRIPT, "destroy", folder], capture_output=True, timeout=120)
+
+
+def test_postgres_url_without_the_driver_is_exit_2_with_the_install_command(tmp_path):
+    ws = use_store(tmp_path / "state", "postgresql://u:pw@127.0.0.1:1/db")
+    code = ("import sys; sys.modules['psycopg'] = None; from synapolis.cli import main; "
+            f"sys.argv = ['synapolis', '--state-dir', {str(ws.root)!r}, 'start', '--agent-id', 'alice']; main()")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=_cli_env())
+    assert out.returncode == 2
+    assert 'pip install "synapolis[postgres]"' in out.stderr and "Traceback" not in out.stderr
