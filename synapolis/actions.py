@@ -127,7 +127,7 @@ class AgentCall:
             return not sig.has_undelivered(conn, self.agent_id)
 
     def finish(self, result: dict | None = None, conn=None, *, limit: int | None = None,
-               budget_chars: int | None = None, best_effort: bool = False) -> dict:
+               budget_chars: int | None = None, best_effort: bool = False, fits=None) -> dict:
         """Refresh the heartbeat and the registry, and attach the caller's undelivered signals.
 
         With `conn` (a write transaction the verb holds) everything commits together with the verb.
@@ -146,7 +146,7 @@ class AgentCall:
                     c.refresh_agent(self.agent_id, ts(self.now), registry_status(self.heartbeat["status"]))
                 if self.piggyback:
                     return sig.drain(c, self.agent_id, self.method, self.now, self.ws.config,
-                                     limit=limit, budget_chars=budget_chars)
+                                     limit=limit, budget_chars=budget_chars, fits=fits)
                 return []
             if conn is not None:
                 pending = work(conn)

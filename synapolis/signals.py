@@ -203,12 +203,13 @@ def _raise_clock(tx, agent_id: str, lamports) -> None:
 
 
 def drain(tx, agent_id: str, method: str, now: datetime, config, limit: int | None = None,
-          budget_chars: int | None = None) -> list[dict]:
+          budget_chars: int | None = None, fits=None) -> list[dict]:
     """Inside a write transaction: the reader's undelivered unread signals, marked delivered with `method`.
 
     For `hook`, also signals a hook delivered that are still unacked after redeliver_after_s, up to
-    three offers in all. `limit` and `budget_chars` (a sum of content lengths) cut the oldest-first
-    list, and only what is returned is marked.
+    three offers in all. `limit`, `budget_chars` (a sum of content lengths) and `fits(chosen, next)`
+    (False: the next one would not fit what the caller can show) cut the oldest-first list, and only
+    what is returned is marked.
     """
     if method not in METHODS:
         raise UsageError(f"delivery method must be one of {', '.join(METHODS)}")
@@ -229,7 +230,8 @@ def drain(tx, agent_id: str, method: str, now: datetime, config, limit: int | No
     chosen, used, complete = [], 0, True
     for item in candidates:
         cost = len(item["content"]) + 200
-        if (limit is not None and len(chosen) >= limit) or (budget_chars is not None and used + cost > budget_chars):
+        if (limit is not None and len(chosen) >= limit) or (budget_chars is not None and used + cost > budget_chars) \
+                or (fits is not None and not fits(chosen, item)):
             complete = False
             break
         chosen.append(item)
