@@ -242,7 +242,9 @@ def test_schema_created_by_four_processes_at_once(pg_url, tmp_path):
     import psycopg
 
     with psycopg.connect(pg_url) as conn:
-        assert conn.execute("SELECT version FROM synapolis_schema").fetchone()[0] == 1
+        from synapolis.store.postgres import SCHEMA_VERSION
+
+        assert conn.execute("SELECT version FROM synapolis_schema").fetchone()[0] == SCHEMA_VERSION
         assert conn.execute("SELECT COUNT(*) FROM agents WHERE session_id = 's1'").fetchone()[0] == 4
 
 
