@@ -144,6 +144,7 @@ class AgentCall:
             def work(c):
                 if not self.coalesced:
                     c.refresh_agent(self.agent_id, ts(self.now), registry_status(self.heartbeat["status"]))
+                    c.put_heartbeat(self.heartbeat, ts(self.now))  # a shared store's copy (§12); the file was first
                 if self.piggyback:
                     return sig.drain(c, self.agent_id, self.method, self.now, self.ws.config,
                                      limit=limit, budget_chars=budget_chars, fits=fits)
@@ -499,6 +500,9 @@ def start(ws, *, agent_id: str | None = None, session_id: str | None = None, har
         pending = sig.drain(conn, agent_id, "startup_drain", now, ws.config) if piggyback else []
     doc = write_heartbeat(ws.paths, agent_id, harness=harness, substrate=substrate, session_id=session_id,
                           status="active", now=format_ts(now))
+    if store_for(ws).kind != "sqlite":  # the copy other machines read (§12), after the local file
+        with open_session(ws, session_id) as store, store.write() as conn:
+            conn.put_heartbeat(doc, ts(now))
     if write_identity:
         identity.write_identity_file(ws, agent_id, session_id, token, harness=harness, substrate=substrate)
     return {"agent_id": agent_id, "session_id": session_id, "run_token": token, "status": "active",
@@ -714,7 +718,7 @@ def list_agents(ws, who: Who | None = None, *, session_id: str | None = None, en
                 now: datetime | None = None) -> dict:
     """The session's agents (every active session's when none is named or resolved) with registry
     status and their heartbeat's effective status."""
-    from .status import status_of_agent
+    from .status import status_of_agent_anywhere
 
     now = _now(now, ws)
     with as_agent(ws, _who(who, session_id), env=env, piggyback=piggyback, mutation=False, required=False,
@@ -724,7 +728,7 @@ def list_agents(ws, who: Who | None = None, *, session_id: str | None = None, en
             for r in conn.agents():
                 agents.append({"id": r["id"], "session_id": sid, "harness": r["harness"],
                                "substrate": r["substrate"] or None, "status": r["status"],
-                               "effective_status": status_of_agent(ws.paths, r["id"], now, ws.config),
+                               "effective_status": status_of_agent_anywhere(ws, r["id"], now),
                                "last_heartbeat": r["last_heartbeat"], "joined_at": r["joined_at"],
                                "live": is_live(r, now, ws.config)})
         return _finish_read(call, {"agents": agents})
