@@ -737,8 +737,8 @@ def note(ws, who: Who | None, text: str, *, env=None, piggyback: bool = True, no
         call.beat_now()  # outside the locks: the file write need not serialize writers
         # all or nothing: the store's write lock first (busy: nothing appended, exit 8), and a failure
         # after the append (the commit) takes the note back, so a retry never duplicates it
-        with board.note_appender(ws, call.session_id) as add, call.store.write() as conn:
-            return call.finish({"note": add(call.agent_id, text, call.now)}, conn)
+        with store_for(ws).note_appender(call.session_id) as add, call.store.write() as conn:
+            return call.finish({"note": add(conn, call.agent_id, text, call.now)}, conn)
 
 
 def read_notes(ws, who: Who | None = None, *, session_id: str | None = None, limit: int = 50, env=None,
@@ -748,7 +748,7 @@ def read_notes(ws, who: Who | None = None, *, session_id: str | None = None, lim
     with as_agent(ws, _who(who, session_id), env=env, piggyback=piggyback, mutation=False, required=False,
                   now=now) as call:
         scope = _read_scope(ws, call, session_id)
-        notes = board.read_notes(ws, scope[0], limit) if scope else []
+        notes = store_for(ws).read_notes(scope[0], limit) if scope else []
         return _finish_read(call, {"notes": notes, "session_id": scope[0] if scope else None})
 
 

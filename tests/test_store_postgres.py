@@ -171,9 +171,12 @@ def test_four_agents_tired_at_once_across_machines_consolidate_once(machines):
     assert all(p.returncode == 0 for p in procs), [o[1][-500:] for o in outs]
     results = [json.loads(o[0]) for o in outs]
     assert [r["outcome"] for r in results].count("consolidated") == 1
-    ledger = [json.loads(line) for ws in machines if ws.paths.memory_ledger.exists()
-              for line in ws.paths.memory_ledger.read_text().splitlines()]
+    from synapolis.sleep import memories
+
+    ledger = memories(runner)["memories"]
     assert sorted(line["text"] for line in ledger) == sorted(["shared fact"] + [f"fact of a{i}" for i in range(4)])
+    assert memories(laptop) == memories(runner)  # one ledger, in the database
+    assert not any(ws.paths.memory_ledger.exists() for ws in machines)
     assert store_rows(laptop, sid, "SELECT COUNT(*) AS n FROM staged_memories")[0]["n"] == 0
     assert read_session(runner, sid)["status"] == "ended"
 
@@ -239,7 +242,9 @@ def test_schema_created_by_four_processes_at_once(pg_url, tmp_path):
     import psycopg
 
     with psycopg.connect(pg_url) as conn:
-        assert conn.execute("SELECT version FROM synapolis_schema").fetchone()[0] == 1
+        from synapolis.store.postgres import SCHEMA_VERSION
+
+        assert conn.execute("SELECT version FROM synapolis_schema").fetchone()[0] == SCHEMA_VERSION
         assert conn.execute("SELECT COUNT(*) FROM agents WHERE session_id = 's1'").fetchone()[0] == 4
 
 
@@ -330,3 +335,54 @@ def test_postgres_url_without_the_driver_is_exit_2_with_the_install_command(tmp_
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=_cli_env())
     assert out.returncode == 2
     assert 'pip install "synapolis[postgres]"' in out.stderr and "Traceback" not in out.stderr
+
+
+def test_push_from_another_machines_cli_reaches_a_subscriber(machines):
+    """LISTEN/NOTIFY: a signal sent by the runner's CLI wakes the laptop's MCP watcher for alice's inbox."""
+    from synapolis.mcp.watch import SessionWatcher, Subscriptions, current_value
+
+    laptop, runner = machines
+    sid = actions.start(laptop, agent_id="alice", session_id="s1", env={})["session_id"]
+    actions.start(runner, agent_id="bob", session_id=sid, env={})
+    uri = f"synapolis://session/{sid}/inbox/alice"
+    subscriptions = Subscriptions()
+    subscriptions.add(uri, "client-1", current_value(laptop, uri))
+    woken = threading.Event()
+    notified = []
+
+    def notify(uris):
+        notified.extend(uris)
+        woken.set()
+
+    watcher = SessionWatcher(laptop, subscriptions, notify).start()
+    try:
+        time.sleep(0.5)  # the listener connects (and re-checks: nothing new yet)
+        assert notified == []
+        out = run_cli(runner, "signal", "--agent-id", "bob", "--session-id", sid, "alice", "pushed")
+        assert out.returncode == 0, out.stderr
+        assert woken.wait(10), "no push reached the subscriber"
+        assert notified == [uri]
+    finally:
+        watcher.stop()
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgres"], indirect=True)
+def test_memories_lists_the_ledger_from_either_store(ws, cli, store_kind):
+    actions.start(ws, agent_id="alice", session_id="s1", env={})
+    from synapolis.sleep import tired
+
+    tired(ws, Who("alice", "s1"), memories=[{"text": "CI needs docker", "key": "ci", "tags": ["infra"]}, "use uv"],
+          env={})
+    out = cli("memories", "--json")
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert [(m["text"], m["key"], m["tags"], m["sources"]) for m in got["memories"]] == [
+        ("CI needs docker", "ci", ["infra"], ["alice"]), ("use uv", None, [], ["alice"])]
+    assert got["total"] == 2 and all(m["merged_at"] for m in got["memories"])
+    newest = json.loads(cli("memories", "--limit", "1", "--json").stdout)["memories"]
+    assert [m["text"] for m in newest] == ["use uv"]
+    text = cli("memories").stdout
+    assert "[ci] CI needs docker  (from alice)" in text
+    assert cli("memories", "--limit", "0").returncode == 2
+    # on PostgreSQL the ledger is in the database, not in this machine's files
+    assert ws.paths.memory_ledger.exists() == (store_kind == "sqlite")

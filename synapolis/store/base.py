@@ -231,6 +231,36 @@ class Store(abc.ABC):
         unchanged (SQLite: the file's device and inode, so a replaced session.db is reopened)."""
         return (self.kind,)
 
+    # -- the notes bus ----------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def note_appender(self, session_id: str) -> contextlib.AbstractContextManager:
+        """`with store.note_appender(sid) as add:` then `add(tx, agent_id, text, now)` appends one note
+        (seq unique and increasing) that stands or falls with the write transaction `tx`."""
+
+    @abc.abstractmethod
+    def read_notes(self, session_id: str, limit: int) -> list[dict]:
+        """The newest `limit` notes of the session, oldest first."""
+
+    @abc.abstractmethod
+    def notes_version(self, session_id: str) -> int:
+        """A number that grows whenever a note is added to the session (for subscriptions)."""
+
+    # -- the memory ledger ------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def append_ledger(self, tx: Transaction, merged: list, *, session_id: str, merged_by: str,
+                      reader=None) -> tuple[list, list]:
+        """Inside the consolidating transaction `tx`: append the merged lines the ledger does not hold yet
+        (sleep.LedgerHoldings decides); returns (written, already held). Two consolidations at once
+        never both write one memory."""
+
+    @abc.abstractmethod
+    def read_ledger(self) -> list[dict]:
+        """Every ledger line, oldest first."""
+
+    def ledger_location(self) -> str:
+        """Where the ledger lives, for people (a file, or the database without its password)."""
+        return self.kind
+
     def now(self):
         """The moment every comparison between agents uses: the local clock, or the server's."""
         from ..timeutil import utcnow

@@ -36,7 +36,7 @@ try:
 except ImportError:  # pragma: no cover - exercised by a test with the driver hidden
     psycopg = None
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 3  # each version's script is idempotent: an upgrade runs the whole of it again
 CONNECT_TIMEOUT_S = 5  # libpq's connect_timeout; with busy_timeout_ms the bound of §12 (at most 10 s)
 NOTIFY_CHANNEL = "synapolis_signals"
 INSTALL_HINT = 'pip install "synapolis[postgres]"'
@@ -143,6 +143,28 @@ CREATE TABLE IF NOT EXISTS rate_buckets
     tokens     DOUBLE PRECISION NOT NULL,
     updated_at DOUBLE PRECISION NOT NULL,
     PRIMARY KEY (session_id, agent_id)
+);
+
+-- the notes bus of each session (sessions/<id>/notes.jsonl on SQLite)
+CREATE TABLE IF NOT EXISTS notes
+(
+    session_id {_C} NOT NULL REFERENCES sessions (session_id) ON DELETE CASCADE,
+    seq        BIGINT NOT NULL,
+    at         {_C} NOT NULL,
+    agent_id   {_C} NOT NULL,
+    text       TEXT NOT NULL,
+    PRIMARY KEY (session_id, seq)
+);
+
+-- the consolidated memories of every session (state/memory/ledger.jsonl on SQLite), one JSON line each
+CREATE TABLE IF NOT EXISTS memory_ledger
+(
+    seq        BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id         {_C},
+    session_id {_C},
+    merged_by  {_C},
+    merged_at  {_C},
+    line       TEXT NOT NULL
 );
 
 CREATE INDEX IF NOT EXISTS signals_by_session ON signals (session_id, sequence);
@@ -650,6 +672,78 @@ class PostgresStore(base.Store):
         if row is None:
             raise NotFoundError(f"unknown session {session_id!r}")
         return self._document(row)
+
+    # -- the notes bus -----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def note_appender(self, session_id):
+        from ..board import check_note
+        from ..timeutil import format_ts
+
+        def add(tx, agent_id, text, now):
+            check_note(text, self.ws.config)
+            tx.exclusive("notes")  # seq = the last + 1, one appender at a time; in the verb's transaction
+            tx.cur.execute("INSERT INTO notes (session_id, seq, at, agent_id, text) SELECT %s, "
+                           "COALESCE(max(seq), 0) + 1, %s, %s, %s FROM notes WHERE session_id = %s RETURNING seq",
+                           (session_id, format_ts(now, micro=True), agent_id, text, session_id))
+            seq = int(tx.cur.fetchone()["seq"])
+            tx.cur.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, session_id))
+            return {"seq": seq, "at": format_ts(now, micro=True), "agent_id": agent_id, "text": text}
+
+        yield add
+
+    def read_notes(self, session_id, limit):
+        with self.transaction() as cur:
+            cur.execute("SELECT seq, at, agent_id, text FROM (SELECT * FROM notes WHERE session_id = %s "
+                        "ORDER BY seq DESC LIMIT %s) n ORDER BY seq", (session_id, int(limit)))
+            return [dict(r) for r in cur.fetchall()]
+
+    def notes_version(self, session_id):
+        with self.transaction() as cur:
+            cur.execute("SELECT COALESCE(max(seq), 0) AS v FROM notes WHERE session_id = %s", (session_id,))
+            return int(cur.fetchone()["v"])
+
+    # -- the memory ledger -------------------------------------------------------------------------
+    def append_ledger(self, tx, merged, *, session_id, merged_by, reader=None):
+        """In the consolidating transaction itself: the lines and the cleared staging commit together."""
+        import json
+
+        from ..names import validate_agent_id
+        from ..sleep import LedgerHoldings
+
+        validate_agent_id(merged_by)
+        stamped = [{**line, "session_id": session_id, "merged_by": merged_by} for line in merged]
+        tx.cur.execute(_LOCK, (_key("ledger"),))  # one consolidation at a time reads and extends it
+        tx.cur.execute("SELECT line FROM memory_ledger ORDER BY seq")
+        holdings = LedgerHoldings()
+        for row in tx.cur.fetchall():
+            with contextlib.suppress(ValueError):
+                line = json.loads(row["line"])
+                if isinstance(line, dict):
+                    holdings.add(line)
+        fresh, held = holdings.split(stamped)
+        if fresh:
+            tx.cur.executemany("INSERT INTO memory_ledger (id, session_id, merged_by, merged_at, line) "
+                               "VALUES (%s, %s, %s, %s, %s)",
+                               [(line.get("id"), session_id, merged_by, line.get("merged_at"),
+                                 json.dumps(line, ensure_ascii=False, separators=(",", ":"))) for line in fresh])
+        return fresh, held
+
+    def read_ledger(self):
+        import json
+
+        with self.transaction() as cur:
+            cur.execute("SELECT line FROM memory_ledger ORDER BY seq")
+            rows = cur.fetchall()
+        lines = []
+        for row in rows:
+            with contextlib.suppress(ValueError):
+                line = json.loads(row["line"])
+                if isinstance(line, dict):
+                    lines.append(line)
+        return lines
+
+    def ledger_location(self):
+        return f"{self.where} (table memory_ledger)"
 
     # -- across machines ---------------------------------------------------------------------------
     @contextlib.contextmanager
