@@ -144,6 +144,7 @@ class AgentCall:
             def work(c):
                 if not self.coalesced:
                     c.refresh_agent(self.agent_id, ts(self.now), registry_status(self.heartbeat["status"]))
+                    c.put_heartbeat(self.heartbeat, ts(self.now))  # a shared store's copy (§12); the file was first
                 if self.piggyback:
                     # a piggyback is a small page (every answer is bounded); signals_pending pages further
                     return sig.drain_page(
@@ -505,6 +506,9 @@ def start(ws, *, agent_id: str | None = None, session_id: str | None = None, har
             if piggyback else ([], 0)
     doc = write_heartbeat(ws.paths, agent_id, harness=harness, substrate=substrate, session_id=session_id,
                           status="active", now=format_ts(now))
+    if store_for(ws).kind != "sqlite":  # the copy other machines read (§12), after the local file
+        with open_session(ws, session_id) as store, store.write() as conn:
+            conn.put_heartbeat(doc, ts(now))
     if write_identity:
         identity.write_identity_file(ws, agent_id, session_id, token, harness=harness, substrate=substrate)
     return {"agent_id": agent_id, "session_id": session_id, "run_token": token, "status": "active",
@@ -733,7 +737,7 @@ def list_agents(ws, who: Who | None = None, *, session_id: str | None = None, en
                 now: datetime | None = None) -> dict:
     """The session's agents (every active session's when none is named or resolved) with registry
     status and their heartbeat's effective status."""
-    from .status import status_of_agent
+    from .status import status_of_agent_anywhere
 
     now = _now(now, ws)
     with as_agent(ws, _who(who, session_id), env=env, piggyback=piggyback, mutation=False, required=False,
@@ -743,7 +747,7 @@ def list_agents(ws, who: Who | None = None, *, session_id: str | None = None, en
             for r in conn.agents():
                 agents.append({"id": r["id"], "session_id": sid, "harness": r["harness"],
                                "substrate": r["substrate"] or None, "status": r["status"],
-                               "effective_status": status_of_agent(ws.paths, r["id"], now, ws.config),
+                               "effective_status": status_of_agent_anywhere(ws, r["id"], now),
                                "last_heartbeat": r["last_heartbeat"], "joined_at": r["joined_at"],
                                "live": is_live(r, now, ws.config)})
         return _finish_read(call, {"agents": agents})
@@ -756,8 +760,8 @@ def note(ws, who: Who | None, text: str, *, env=None, piggyback: bool = True, no
         call.beat_now()  # outside the locks: the file write need not serialize writers
         # all or nothing: the store's write lock first (busy: nothing appended, exit 8), and a failure
         # after the append (the commit) takes the note back, so a retry never duplicates it
-        with board.note_appender(ws, call.session_id) as add, call.store.write() as conn:
-            return call.finish({"note": add(call.agent_id, text, call.now)}, conn)
+        with store_for(ws).note_appender(call.session_id) as add, call.store.write() as conn:
+            return call.finish({"note": add(conn, call.agent_id, text, call.now)}, conn)
 
 
 NOTES_BUDGET_CHARS = 48 * 1024  # JSON characters of notes in one answer (a note may be max_content_bytes long)
@@ -783,15 +787,16 @@ def read_notes(ws, who: Who | None = None, *, session_id: str | None = None, lim
 
 
 def _notes_page(ws, session_id: str, limit: int, before: int | None) -> list[dict]:
-    """The newest `limit` notes below `before`: board.read_notes reads from the end, and seqs are unique
+    """The newest `limit` notes below `before`: the store reads them from the end, and seqs are unique
     and increasing, so the newest `limit + (last - before + 1)` notes hold them all."""
+    store = store_for(ws)
     if before is None:
-        return board.read_notes(ws, session_id, limit)
-    newest = board.read_notes(ws, session_id, 1)
+        return store.read_notes(session_id, limit)
+    newest = store.read_notes(session_id, 1)
     if not newest:
         return []
     skip = max(0, newest[-1]["seq"] - before + 1)
-    return [n for n in board.read_notes(ws, session_id, limit + skip) if n["seq"] < before][-limit:]
+    return [n for n in store.read_notes(session_id, limit + skip) if n["seq"] < before][-limit:]
 
 
 def _fit_newest(notes: list[dict], budget_chars: int) -> int:

@@ -377,3 +377,17 @@ def fill_to(folder, free_bytes: int) -> None:
             handle.flush()
         except OSError:
             pass
+
+
+@pytest.fixture
+def harness_home(tmp_path, monkeypatch):
+    """An empty home directory and no harness variables, so the user's own ~/.codex, ~/.gemini and
+    /etc/gemini-cli settings stay out of what is checked (and out of reach of what is written)."""
+    path = tmp_path / "home"
+    path.mkdir()
+    monkeypatch.setenv("HOME", str(path))
+    for name in ("CODEX_HOME", "GEMINI_CLI_HOME", "GEMINI_CLI_TRUST_WORKSPACE", "GEMINI_CLI_TRUSTED_FOLDERS_PATH",
+                 "GEMINI_CLI_SYSTEM_DEFAULTS_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("GEMINI_CLI_SYSTEM_SETTINGS_PATH", str(tmp_path / "etc-gemini-cli" / "settings.json"))
+    return path

@@ -39,7 +39,10 @@ def who(agent_id, session_id):
 
 
 def ledger(ws):
-    return read_jsonl(ws.paths.memory_ledger)
+    """The ledger's lines from the store (memory/ledger.jsonl, or the shared database's)."""
+    from synapolis.store import store_for
+
+    return store_for(ws).read_ledger()
 
 
 # --- the CLI, as two agents would use it -----------------------------------------------------------
@@ -196,7 +199,7 @@ def test_consolidation_again_adds_nothing(ws):
     sid = start(ws, "alice", new_session=True, now=now)["session_id"]
     first = sleep.tired(ws, who("alice", sid), memories=memories, now=now)
     assert (first["outcome"], first["merged"]) == ("consolidated", 2)
-    snapshot = ws.paths.memory_ledger.read_bytes()
+    snapshot = ledger(ws)
 
     # tired again in the ended session: consolidates what is staged (nothing new), exit 0
     again = sleep.tired(ws, who("alice", sid), memories=memories, now=now + timedelta(seconds=1))
@@ -208,7 +211,7 @@ def test_consolidation_again_adds_nothing(ws):
     third = sleep.tired(ws, who("bob", sid2), memories=["USE   UV", {"text": "DB IS PG", "key": "db"}],
                         now=now + timedelta(seconds=3))
     assert (third["outcome"], third["merged"], third["already_held"]) == ("consolidated", 0, 2)
-    assert ws.paths.memory_ledger.read_bytes() == snapshot
+    assert ledger(ws) == snapshot
     assert staged_count(ws, sid2) == 0
 
 

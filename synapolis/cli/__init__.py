@@ -43,6 +43,7 @@ COMMANDS: dict[str, str] = {
     "demo": "person_cmds:demo_cmd",
     "mcp": "mcp_cmds:mcp_cmd",
     "tired": "sleep_cmds:tired_cmd",
+    "memories": "sleep_cmds:memories_cmd",
 }
 
 

@@ -138,6 +138,11 @@ class Transaction(abc.ABC):
     def add_reads(self, agent_id: str, signal_ids: list, stamp: str) -> None:
         """Mark signals read by the agent (already read ones stay as they were)."""
 
+    # -- heartbeat copies -------------------------------------------------------------------------------
+    def put_heartbeat(self, doc: dict, stamp: str) -> None:
+        """A copy of the agent's latest heartbeat document, for readers on other machines (§12). The
+        local file is always written first; SQLite stores nothing here (the file is the heartbeat)."""
+
     # -- the rate limit ----------------------------------------------------------------------------
     @abc.abstractmethod
     def rate_bucket(self, agent_id: str):
@@ -237,6 +242,67 @@ class Store(abc.ABC):
         """What identifies the session's database now: a pooled store is reused only while this is
         unchanged (SQLite: the file's device and inode, so a replaced session.db is reopened)."""
         return (self.kind,)
+
+    # -- the notes bus ----------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def note_appender(self, session_id: str) -> contextlib.AbstractContextManager:
+        """`with store.note_appender(sid) as add:` then `add(tx, agent_id, text, now)` appends one note
+        (seq unique and increasing) that stands or falls with the write transaction `tx`."""
+
+    @abc.abstractmethod
+    def read_notes(self, session_id: str, limit: int) -> list[dict]:
+        """The newest `limit` notes of the session, oldest first."""
+
+    @abc.abstractmethod
+    def notes_version(self, session_id: str) -> int:
+        """A number that grows whenever a note is added to the session (for subscriptions)."""
+
+    # -- the memory ledger ------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def append_ledger(self, tx: Transaction, merged: list, *, session_id: str, merged_by: str,
+                      reader=None) -> tuple[list, list]:
+        """Inside the consolidating transaction `tx`: append the merged lines the ledger does not hold yet
+        (sleep.LedgerHoldings decides); returns (written, already held). Two consolidations at once
+        never both write one memory."""
+
+    @abc.abstractmethod
+    def read_ledger(self) -> list[dict]:
+        """Every ledger line, oldest first."""
+
+    def ledger_location(self) -> str:
+        """Where the ledger lives, for people (a file, or the database without its password)."""
+        return self.kind
+
+    def heartbeat_copies(self) -> list[dict]:
+        """The latest heartbeat document of every agent that wrote one into the store (SQLite: none;
+        its readers read the heartbeat files). Each has `received_at`, the store's time of the copy."""
+        return []
+
+    def heartbeat_copy(self, agent_id: str) -> dict | None:
+        """One agent's copy (see heartbeat_copies), or None."""
+        return None
+
+    # -- claims (contract §9) ---------------------------------------------------------------------------
+    def claim_slot(self, item: str) -> contextlib.AbstractContextManager:
+        """`with store.claim_slot(item) as slot:` one item's claim, exclusively: `slot.record` (None when
+        missing or unreadable), `slot.existed`, `slot.high_water()` (the highest token ever handed out),
+        `slot.write(record, event)` (the record and its event, both or neither). SQLite: the claim file
+        under its file lock."""
+        from ..claims import file_slot
+
+        return file_slot(self.ws, item)
+
+    def claim_document(self, item: str) -> tuple:
+        """(record or None, existed) of one item, without locking."""
+        from ..claims import file_document
+
+        return file_document(self.ws, item)
+
+    def claim_documents(self):
+        """(record or None, name, error) of every claimed item."""
+        from ..claims import file_documents
+
+        return file_documents(self.ws)
 
     def now(self):
         """The moment every comparison between agents uses: the local clock, or the server's."""

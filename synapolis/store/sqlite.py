@@ -573,6 +573,40 @@ class SqliteStore(base.Store):
     def open_session(self, session_id: str, create: bool = False) -> SessionStore:
         return SessionStore.open(self.ws, session_id, create=create)
 
+    @contextlib.contextmanager
+    def note_appender(self, session_id):
+        from ..board import note_appender
+
+        # notes.jsonl under its lock; a note whose transaction fails is taken back (board.note_appender)
+        with note_appender(self.ws, session_id) as add:
+            yield lambda tx, agent_id, text, now: add(agent_id, text, now)
+
+    def read_notes(self, session_id, limit):
+        from ..board import read_notes
+
+        return read_notes(self.ws, session_id, limit)
+
+    def notes_version(self, session_id):
+        try:
+            return os.stat(self.ws.files.session_notes(session_id)).st_size  # the bus grows by appends only
+        except OSError:
+            return 0
+
+    def append_ledger(self, tx, merged, *, session_id, merged_by, reader=None):
+        from ..sleep import append_to_ledger
+
+        # the file, under its own lock; a crash before the database commits is made safe by skipping
+        # what the ledger holds on the retry (sleep.consolidate)
+        return append_to_ledger(self.ws.paths, merged, session_id=session_id, merged_by=merged_by, reader=reader)
+
+    def read_ledger(self):
+        from ..sleep import read_ledger
+
+        return read_ledger(self.ws.paths)
+
+    def ledger_location(self):
+        return str(self.ws.paths.memory_ledger)
+
     def session_signature(self, session_id: str):
         try:
             st = os.stat(self.ws.files.session_db(session_id))
