@@ -594,7 +594,11 @@ def ack_signals(ws, who: Who | None, ids, *, all: bool = False, env=None, piggyb
         call.beat_now()  # outside the write lock: the file write need not serialize writers
         with call.store.write() as conn:
             acked = sig.ack(conn, call.agent_id, ids, call.now, all_visible=all)
-            return call.finish({"acked": acked}, conn)
+            # bounded like every answer: `--all` over a backlog of 100,000 would list 6 MB of ids
+            return call.finish({"acked": acked[:ACKED_SHOWN], "acked_count": len(acked)}, conn)
+
+
+ACKED_SHOWN = 1000  # ids an ack answer lists (the oldest); `acked_count` says how many were acked
 
 
 def signals_pending(ws, who: Who | None = None, *, env=None, method: str = "poll", limit: int | None = None,
@@ -821,11 +825,20 @@ def whiteboard_write(ws, who: Who | None, key: str, value: str, *, env=None, pig
             return call.finish({"entry": entry}, conn)
 
 
+WHITEBOARD_PAGE = 100  # entries in one answer without a key
+WHITEBOARD_BUDGET_CHARS = 48 * 1024
+
+
 def whiteboard_read(ws, who: Who | None = None, key: str | None = None, *, session_id: str | None = None,
-                    env=None, piggyback: bool = True, now: datetime | None = None) -> dict:
-    """One whiteboard entry (`entry`; NotFoundError when missing) or all of them (`entries`)."""
+                    after: str | None = None, limit: int | None = None, env=None, piggyback: bool = True,
+                    now: datetime | None = None) -> dict:
+    """One whiteboard entry (`entry`; NotFoundError when missing), or a page of them by key (`entries`, the
+    keys after `after`: at most `limit` (100) and 48 KB, with `remaining` and `next_after`)."""
     if key is not None:
         board.check_key(key)
+    if after is not None:
+        board.check_key(after)
+    _check_limit(limit)
     with as_agent(ws, _who(who, session_id), env=env, piggyback=piggyback, mutation=False, required=False,
                   now=now) as call:
         scope = _read_scope(ws, call, session_id)
@@ -835,9 +848,24 @@ def whiteboard_read(ws, who: Who | None = None, key: str | None = None, *, sessi
             return _finish_read(call, {"entries": [], "session_id": None})
         with open_session(ws, scope[0]) as store, store.read() as conn:
             result = {"entry": board.read_entry(conn, key)} if key is not None else \
-                {"entries": board.read_entries(conn)}
+                _entries_page(board.read_entries(conn), after, WHITEBOARD_PAGE if limit is None else limit)
         result["session_id"] = scope[0]
         return _finish_read(call, result)
+
+
+def _entries_page(entries: list[dict], after: str | None, limit: int) -> dict:
+    """The entries (sorted by key) after `after` that fit `limit` and the budget (at least one)."""
+    import json
+
+    rest = [e for e in entries if after is None or e["key"] > after]
+    page, used = [], 0
+    for entry in rest[:limit]:
+        used += len(json.dumps(entry["value"])) + len(entry["key"]) + 120
+        if page and used > WHITEBOARD_BUDGET_CHARS:
+            break
+        page.append(entry)
+    remaining = len(rest) - len(page)
+    return {"entries": page, "remaining": remaining, "next_after": page[-1]["key"] if remaining else None}
 
 
 # -- claims (contract §9; the lock helper itself is synapolis.claims) ------------------------------
