@@ -36,7 +36,7 @@ def run_watchdog(ws, now: datetime | None = None, on_alert=None) -> dict:
     failures are listed under `errors`.
     """
     from .escalation import run_escalation
-    from .monitor import read_all_heartbeats, run_monitor
+    from .monitor import heartbeat_reads, run_monitor
 
     from .store import store_for
 
@@ -56,7 +56,7 @@ def run_watchdog(ws, now: datetime | None = None, on_alert=None) -> dict:
                 result["errors"].append({"step": name, "type": type(exc).__name__, "message": str(exc)})
                 return None
 
-        reads = step("validate", lambda: read_all_heartbeats(ws.paths))
+        reads = step("validate", lambda: heartbeat_reads(ws))
         if reads is not None:
             result["validate"] = _validate(reads)
             document = step("monitor", lambda: run_monitor(ws, now=now, reads=reads))

@@ -386,3 +386,101 @@ def test_memories_lists_the_ledger_from_either_store(ws, cli, store_kind):
     assert cli("memories", "--limit", "0").returncode == 2
     # on PostgreSQL the ledger is in the database, not in this machine's files
     assert ws.paths.memory_ledger.exists() == (store_kind == "sqlite")
+
+
+def test_every_machine_sees_every_agents_heartbeat(machines):
+    """The beat lands in the local file first, then its copy in the database: list-agents and the monitor on
+    the other machine see the agent (not `missing`), with the host it runs on."""
+    laptop, runner = machines
+    sid = actions.start(laptop, agent_id="alice", session_id="s1", env={})["session_id"]
+    actions.start(runner, agent_id="bob", session_id=sid, env={})
+    actions.beat(runner, Who("bob", sid), task="remote work", env={})
+    assert runner.paths.heartbeat("bob").exists() and not laptop.paths.heartbeat("bob").exists()
+    listed = {a["id"]: a for a in actions.list_agents(laptop, Who("alice", sid), env={})["agents"]}
+    assert listed["bob"]["effective_status"] == "active"
+    out = run_cli(laptop, "monitor", "--json")
+    assert out.returncode == 0, out.stderr
+    monitor = json.loads(laptop.paths.monitor.read_text())
+    agents = {a["agent_id"]: a for a in monitor["agents"]}
+    assert set(agents) == {"alice", "bob"}
+    assert agents["bob"]["effective_status"] == "active" and agents["bob"].get("task") == "remote work"
+    import psycopg
+
+    with psycopg.connect(laptop.config.store) as conn:
+        host, doc = conn.execute("SELECT host, doc FROM heartbeats WHERE agent_id = 'bob'").fetchone()
+    assert json.loads(doc)["task"] == "remote work" and host == json.loads(doc)["host"]
+
+
+RACER = r"""
+import json, sys
+from synapolis import claims
+from synapolis.errors import ConflictError
+from synapolis.workspace import Workspace
+ws = Workspace.open(sys.argv[1])
+me = sys.argv[2]
+sys.stdin.readline()  # the start line: every racer goes at once
+won = {}
+for item in [f"ticket:{i}" for i in range(10)]:
+    try:
+        won[item] = claims.claim(ws, item, me, ttl_s=600)["token"]
+    except ConflictError:
+        pass
+print(json.dumps(won))
+"""
+
+
+def test_eight_processes_race_for_ten_claims_across_machines(machines):
+    """One winner per item, whatever machine; the fencing tokens only grow across take-overs."""
+    import psycopg
+
+    from synapolis import claims
+
+    laptop, runner = machines
+    for i in range(8):  # every racer is a live agent, so nobody may take another's claim
+        actions.beat(laptop if i % 2 else runner, Who(f"r{i}", None), env={})
+        actions.start(laptop if i % 2 else runner, agent_id=f"r{i}", session_id="s1", env={})
+    procs = [subprocess.Popen([sys.executable, "-c", RACER, str((laptop if i % 2 else runner).root), f"r{i}"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(8)]
+    time.sleep(1.0)  # every racer imported and waiting
+    outs = [p.communicate("go\n", timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-400:] for o in outs]
+    won = [json.loads(o[0]) for o in outs]
+    for i in range(10):
+        winners = [w[f"ticket:{i}"] for w in won if f"ticket:{i}" in w]
+        assert winners == [1], f"ticket:{i} won {len(winners)} times"
+    # the record is in the database, the same for both machines
+    listed = {c["item"]: c for c in claims.list_claims(laptop)}
+    assert {c["item"]: c["claimed_by"] for c in claims.list_claims(runner)} == \
+        {k: v["claimed_by"] for k, v in listed.items()}
+    # a release and a new claim: token 2, and a stale holder's token 1 is refused everywhere
+    holder = listed["ticket:0"]["claimed_by"]
+    claims.release(runner, "ticket:0", holder)
+    assert claims.claim(laptop, "ticket:0", "r0" if holder != "r0" else "r1", ttl_s=600)["token"] == 2
+    with pytest.raises(Exception) as stale:
+        claims.check(runner, "ticket:0", 1)
+    assert type(stale.value).__name__ == "StaleToken"
+    with psycopg.connect(laptop.config.store) as conn:
+        tokens = [json.loads(e)["token"] for (e,) in conn.execute(
+            "SELECT event FROM claim_events WHERE item = 'ticket:0' ORDER BY seq")]
+    assert tokens == [1, 1, 2] and not laptop.paths.claims_log.exists()
+
+
+def test_claim_expiry_is_judged_by_the_servers_clock(machines):
+    """A lease expires by the database server's time, not the local clock of whoever looks."""
+    from datetime import timedelta
+
+    from synapolis import claims
+    from synapolis.store import store_for
+
+    laptop, runner = machines
+    actions.beat(laptop, Who("alice", None), env={})
+    record = claims.claim(laptop, "job:1", "alice", ttl_s=1)
+    server_now = store_for(runner).now()
+    assert claims.check(runner, "job:1", record["token"])["claimed_by"] == "alice"  # server time: live
+    # the lease ends by the server's clock; a caller may still pin `now` (time is a parameter)
+    time.sleep(1.2)
+    with pytest.raises(Exception) as gone:
+        claims.check(runner, "job:1", record["token"])
+    assert type(gone.value).__name__ == "StaleToken"
+    assert claims.check(runner, "job:1", record["token"], now=server_now + timedelta(seconds=0.5))

@@ -105,6 +105,13 @@ class Transaction(abc.ABC):
         to `limit` from the chosen end; with `reader_fields`, each row also carries `read_at`,
         `delivered_at` and `delivery_method` for this reader. Returned oldest first."""
 
+    def count_visible(self, agent_id: str, bfloor: int, dfloor: int, *, unread: bool = False,
+                      undelivered: bool = False, below: int | None = None, cap: int = 1000) -> int:
+        """How many signals `visible_signals` would return with these filters (and sequence < `below`),
+        counted up to `cap`. This fallback reads them; a store should count in its query."""
+        rows = self.visible_signals(agent_id, bfloor, dfloor, unread=unread, undelivered=undelivered)
+        return min(cap, sum(1 for r in rows if below is None or r["sequence"] < below))
+
     @abc.abstractmethod
     def first_visible_sequence(self, agent_id: str, bfloor: int, dfloor: int, *, unread: bool = False,
                                undelivered: bool = False) -> int | None:
@@ -130,6 +137,11 @@ class Transaction(abc.ABC):
     @abc.abstractmethod
     def add_reads(self, agent_id: str, signal_ids: list, stamp: str) -> None:
         """Mark signals read by the agent (already read ones stay as they were)."""
+
+    # -- heartbeat copies -------------------------------------------------------------------------------
+    def put_heartbeat(self, doc: dict, stamp: str) -> None:
+        """A copy of the agent's latest heartbeat document, for readers on other machines (§12). The
+        local file is always written first; SQLite stores nothing here (the file is the heartbeat)."""
 
     # -- the rate limit ----------------------------------------------------------------------------
     @abc.abstractmethod
@@ -260,6 +272,37 @@ class Store(abc.ABC):
     def ledger_location(self) -> str:
         """Where the ledger lives, for people (a file, or the database without its password)."""
         return self.kind
+
+    def heartbeat_copies(self) -> list[dict]:
+        """The latest heartbeat document of every agent that wrote one into the store (SQLite: none;
+        its readers read the heartbeat files). Each has `received_at`, the store's time of the copy."""
+        return []
+
+    def heartbeat_copy(self, agent_id: str) -> dict | None:
+        """One agent's copy (see heartbeat_copies), or None."""
+        return None
+
+    # -- claims (contract §9) ---------------------------------------------------------------------------
+    def claim_slot(self, item: str) -> contextlib.AbstractContextManager:
+        """`with store.claim_slot(item) as slot:` one item's claim, exclusively: `slot.record` (None when
+        missing or unreadable), `slot.existed`, `slot.high_water()` (the highest token ever handed out),
+        `slot.write(record, event)` (the record and its event, both or neither). SQLite: the claim file
+        under its file lock."""
+        from ..claims import file_slot
+
+        return file_slot(self.ws, item)
+
+    def claim_document(self, item: str) -> tuple:
+        """(record or None, existed) of one item, without locking."""
+        from ..claims import file_document
+
+        return file_document(self.ws, item)
+
+    def claim_documents(self):
+        """(record or None, name, error) of every claimed item."""
+        from ..claims import file_documents
+
+        return file_documents(self.ws)
 
     def now(self):
         """The moment every comparison between agents uses: the local clock, or the server's."""

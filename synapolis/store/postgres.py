@@ -36,7 +36,7 @@ try:
 except ImportError:  # pragma: no cover - exercised by a test with the driver hidden
     psycopg = None
 
-SCHEMA_VERSION = 3  # each version's script is idempotent: an upgrade runs the whole of it again
+SCHEMA_VERSION = 5  # each version's script is idempotent: an upgrade runs the whole of it again
 CONNECT_TIMEOUT_S = 5  # libpq's connect_timeout; with busy_timeout_ms the bound of §12 (at most 10 s)
 NOTIFY_CHANNEL = "synapolis_signals"
 INSTALL_HINT = 'pip install "synapolis[postgres]"'
@@ -143,6 +143,36 @@ CREATE TABLE IF NOT EXISTS rate_buckets
     tokens     DOUBLE PRECISION NOT NULL,
     updated_at DOUBLE PRECISION NOT NULL,
     PRIMARY KEY (session_id, agent_id)
+);
+
+-- a copy of each agent's latest heartbeat document (the file on its own machine is written first)
+CREATE TABLE IF NOT EXISTS heartbeats
+(
+    agent_id    {_C} PRIMARY KEY,
+    host        {_C},
+    session_id  {_C},
+    doc         TEXT NOT NULL,
+    received_at {_C} NOT NULL
+);
+
+-- claims (contract §9): the record of each item ever claimed (its token is the high-water mark: the
+-- row is never deleted) and every event (claims.jsonl on SQLite)
+CREATE TABLE IF NOT EXISTS claims
+(
+    item       {_C} PRIMARY KEY,
+    token      BIGINT NOT NULL CHECK (token >= 1),
+    claimed_by {_C} NOT NULL,
+    expires_at {_C} NOT NULL,
+    released_at {_C},
+    record     TEXT NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS claim_events
+(
+    seq   BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    item  {_C} NOT NULL,
+    at    {_C} NOT NULL,
+    event TEXT NOT NULL
 );
 
 -- the notes bus of each session (sessions/<id>/notes.jsonl on SQLite)
@@ -372,6 +402,14 @@ class PostgresTransaction(base.Transaction):
                "ORDER BY v.sequence")
         return self._all(sql, [*args, self.session_id, agent_id, self.session_id, agent_id])
 
+    def count_visible(self, agent_id, bfloor, dfloor, *, unread=False, undelivered=False, below=None, cap=1000):
+        inner, args = self._visible_select(agent_id, bfloor, dfloor, unread, undelivered)
+        where = ""
+        if below is not None:
+            where, args = " WHERE v.sequence < %s", [*args, below]
+        row = self._one(f"SELECT count(*) AS n FROM (SELECT 1 FROM ({inner}) v{where} LIMIT %s) c", [*args, cap])
+        return int(row["n"])
+
     def first_visible_sequence(self, agent_id, bfloor, dfloor, *, unread=False, undelivered=False):
         inner, args = self._visible_select(agent_id, bfloor, dfloor, unread, undelivered)
         row = self._one(f"SELECT min(sequence) AS m FROM ({inner}) v", args)
@@ -404,6 +442,16 @@ class PostgresTransaction(base.Transaction):
         self.cur.executemany("INSERT INTO signal_reads (session_id, signal_id, agent_id, read_at) "
                              "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
                              [(self.session_id, i, agent_id, stamp) for i in signal_ids])
+
+    # -- heartbeat copies ------------------------------------------------------------------------
+    def put_heartbeat(self, doc, stamp):
+        import json
+
+        self.cur.execute("INSERT INTO heartbeats (agent_id, host, session_id, doc, received_at) "
+                         "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (agent_id) DO UPDATE SET host = excluded.host, "
+                         "session_id = excluded.session_id, doc = excluded.doc, received_at = excluded.received_at",
+                         (doc["agent_id"], doc.get("host"), doc.get("session_id"),
+                          json.dumps(doc, ensure_ascii=False, separators=(",", ":")), stamp))
 
     # -- the rate limit ----------------------------------------------------------------------------
     def rate_bucket(self, agent_id):
@@ -449,6 +497,44 @@ class PostgresTransaction(base.Transaction):
     def count_staged(self):
         return int(self._one("SELECT COUNT(*) AS n FROM staged_memories WHERE session_id = %s",
                              (self.session_id,))["n"])
+
+
+class ClaimSlot:
+    """One item's claim inside a transaction holding the item's advisory lock (see claims.FileSlot)."""
+
+    def __init__(self, cur, item: str, row):
+        import json
+
+        from ..claims import _is_record
+
+        self.cur, self.item = cur, item
+        self.existed = row is not None
+        self.record = None
+        self._token = 0
+        if row is not None:
+            with contextlib.suppress(ValueError):
+                doc = json.loads(row["record"])
+                self.record = doc if _is_record(doc, item) else None
+
+    def high_water(self) -> int:
+        self.cur.execute("SELECT GREATEST((SELECT token FROM claims WHERE item = %s), "
+                         "(SELECT max((event::json->>'token')::bigint) FROM claim_events WHERE item = %s)) AS top",
+                         (self.item, self.item))
+        row = self.cur.fetchone()
+        return int(row["top"] or 0)
+
+    def write(self, record: dict, event: dict) -> None:
+        import json
+
+        dump = json.dumps(record, ensure_ascii=False, separators=(",", ":"))
+        self.cur.execute("INSERT INTO claims (item, token, claimed_by, expires_at, released_at, record) "
+                         "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (item) DO UPDATE SET token = excluded.token, "
+                         "claimed_by = excluded.claimed_by, expires_at = excluded.expires_at, "
+                         "released_at = excluded.released_at, record = excluded.record",
+                         (record["item"], record["token"], record["claimed_by"], record["expires_at"],
+                          record.get("released_at"), dump))
+        self.cur.execute("INSERT INTO claim_events (item, at, event) VALUES (%s, %s, %s)",
+                         (record["item"], event["at"], json.dumps(event, ensure_ascii=False, separators=(",", ":"))))
 
 
 class PostgresSessionStore(base.SessionStore):
@@ -672,6 +758,66 @@ class PostgresStore(base.Store):
         if row is None:
             raise NotFoundError(f"unknown session {session_id!r}")
         return self._document(row)
+
+    def heartbeat_copies(self):
+        import json
+
+        with self.transaction() as cur:
+            cur.execute("SELECT doc, received_at FROM heartbeats ORDER BY agent_id")
+            rows = cur.fetchall()
+        copies = []
+        for row in rows:
+            with contextlib.suppress(ValueError):
+                doc = json.loads(row["doc"])
+                if isinstance(doc, dict):
+                    copies.append({**doc, "received_at": row["received_at"]})
+        return copies
+
+    def heartbeat_copy(self, agent_id):
+        import json
+
+        with self.transaction() as cur:
+            cur.execute("SELECT doc, received_at FROM heartbeats WHERE agent_id = %s", (agent_id,))
+            row = cur.fetchone()
+        if row is None:
+            return None
+        try:
+            doc = json.loads(row["doc"])
+        except ValueError:
+            return None
+        return {**doc, "received_at": row["received_at"]} if isinstance(doc, dict) else None
+
+    # -- claims --------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def claim_slot(self, item):
+        """The item's advisory lock for one transaction: one winner per item across every machine, and
+        the token drawn from the row, which is never deleted, so it never goes back."""
+        with self.transaction() as cur:
+            cur.execute(_LOCK, (_key("claim", item),))
+            cur.execute("SELECT record FROM claims WHERE item = %s", (item,))
+            row = cur.fetchone()
+            yield ClaimSlot(cur, item, row)
+
+    def claim_document(self, item):
+        with self.transaction("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY") as cur:
+            cur.execute("SELECT record FROM claims WHERE item = %s", (item,))
+            row = cur.fetchone()
+        slot = ClaimSlot(None, item, row)
+        return slot.record, slot.existed
+
+    def claim_documents(self):
+        import json
+
+        with self.transaction("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY") as cur:
+            cur.execute("SELECT item, record FROM claims ORDER BY item")
+            rows = cur.fetchall()
+        out = []
+        for row in rows:
+            try:
+                out.append((json.loads(row["record"]), row["item"], "does not look like a claim record"))
+            except ValueError as exc:
+                out.append((None, row["item"], str(exc)))
+        return out
 
     # -- the notes bus -----------------------------------------------------------------------------
     @contextlib.contextmanager
