@@ -45,8 +45,10 @@ class AgentMail:
     def __init__(self, python: str, root: Path):
         self.python, self.root = python, root
         self.project = str(root / "project")
+        # its tool log and rich console write to stdout, into the stdio stream: off, or the client skips lines
         self.env = {"DATABASE_URL": f"sqlite+aiosqlite:///{root / 'am.sqlite3'}", "STORAGE_ROOT": str(root / "archive"),
-                    "HOME": str(root), "PATH": "/usr/bin:/bin"}
+                    "HOME": str(root), "PATH": "/usr/bin:/bin", "TOOLS_LOG_ENABLED": "false",
+                    "LOG_RICH_ENABLED": "false"}
 
     def client(self):
         params = StdioServerParameters(command=self.python, args=["-c", LAUNCH], env=self.env, cwd=str(self.root))
