@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import json
 import math
+import os
 import random
 import threading
 import time
@@ -103,15 +104,40 @@ def _load(ws, item: str, path) -> tuple[dict | None, bool]:
     return (doc if _is_record(doc, item) else None), True
 
 
-def _high_water(ws, item: str, record: dict | None) -> int:
+def _known_path(ws, item: str) -> str:
+    """The marker saying `item` was claimed here before: `.locks/claims-known/<stem>`, an empty file kept
+    with the item's lock file (claims/ holds claim files only)."""
+    return os.path.join(ws.paths.locks, "claims-known", encode_item(item))
+
+
+def _mark_known(ws, item: str) -> bool:
+    """Make the marker under the item's lock, before any claim file of `item` is written; whether it
+    was there already (a stat, when it was)."""
+    path = _known_path(ws, item)
+    if os.path.lexists(path):
+        return True
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    # O_EXCL | O_NOFOLLOW: never through a link someone planted; one that appeared since is as good
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644))
+    except FileExistsError:
+        pass
+    return False
+
+
+def _high_water(ws, item: str, record: dict | None, known: bool = True) -> int:
     """The highest token ever handed out for `item`.
 
     The claim file carries it and is written before a token is returned. Only when that file is gone
     or unreadable (a person edited or deleted it) do we fall back to the event log, so a token never
-    goes back even then.
+    goes back even then. An item with neither a file nor a `claims-known` marker (made before its first
+    claim file) was never claimed: no log to search, so a new claim costs the same however long the
+    log is.
     """
     if record is not None:
         return record["token"]
+    if not known:
+        return 0
     needle = json.dumps(item, ensure_ascii=False).encode("utf-8")
     best = 0
     try:
@@ -216,9 +242,12 @@ class FileSlot:
         self.ws, self.item = ws, item
         self.path = claim_path(ws, item)
         self.record, self.existed = _load(ws, item, self.path)
+        # under the item's lock, before any claim file of it is written; state dirs from before the
+        # marker get it on first use (their items have files, so `existed` says known)
+        self.known = _mark_known(ws, item) or self.existed
 
     def high_water(self) -> int:
-        return _high_water(self.ws, self.item, self.record)
+        return _high_water(self.ws, self.item, self.record, self.known)
 
     def write(self, record: dict, event: dict) -> None:
         """The event log is locked first, so a busy log (BusyError) changes nothing; if the event cannot

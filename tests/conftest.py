@@ -222,6 +222,27 @@ def db_rows(ws):
     return rows
 
 
+@pytest.fixture
+def backlog(state_dir):
+    """backlog(count, to="bob", content=...) -> (ws, session_id): alice and bob registered (no rate limit),
+    then `count` signals from alice to `to` stored in one transaction, none delivered."""
+    from synapolis import actions, signals
+    from synapolis.store import SessionStore
+
+    def make(count: int, to: str = "bob", content=lambda i: f"signal {i}"):
+        state_dir.mkdir(parents=True, exist_ok=True)
+        (state_dir / "synapolis.json").write_text(json.dumps({"rate_limit_per_min": 10 ** 6}))
+        ws = Workspace.open(state_dir).ensure()
+        sid = actions.start(ws, agent_id="alice", env={}, now=NOW)["session_id"]
+        actions.start(ws, agent_id="bob", session_id=sid, env={}, now=NOW)
+        with SessionStore.open(ws, sid) as store, store.write() as conn:
+            for i in range(count):
+                signals.send(conn, caller="alice", recipient=to, content=content(i), config=ws.config,
+                             now=NOW + timedelta(microseconds=i), rate_limited=False)
+        return ws, sid
+    return make
+
+
 # -- MCP clients ---------------------------------------------------------------------------------
 
 def ts_sdk1_check(result, output_schema) -> None:

@@ -102,6 +102,13 @@ class Transaction(abc.ABC):
         to `limit` from the chosen end; with `reader_fields`, each row also carries `read_at`,
         `delivered_at` and `delivery_method` for this reader. Returned oldest first."""
 
+    def count_visible(self, agent_id: str, bfloor: int, dfloor: int, *, unread: bool = False,
+                      undelivered: bool = False, below: int | None = None, cap: int = 1000) -> int:
+        """How many signals `visible_signals` would return with these filters (and sequence < `below`),
+        counted up to `cap`. This fallback reads them; a store should count in its query."""
+        rows = self.visible_signals(agent_id, bfloor, dfloor, unread=unread, undelivered=undelivered)
+        return min(cap, sum(1 for r in rows if below is None or r["sequence"] < below))
+
     @abc.abstractmethod
     def first_visible_sequence(self, agent_id: str, bfloor: int, dfloor: int, *, unread: bool = False,
                                undelivered: bool = False) -> int | None:

@@ -405,6 +405,14 @@ class PostgresTransaction(base.Transaction):
                "ORDER BY v.sequence")
         return self._all(sql, [*args, self.session_id, agent_id, self.session_id, agent_id])
 
+    def count_visible(self, agent_id, bfloor, dfloor, *, unread=False, undelivered=False, below=None, cap=1000):
+        inner, args = self._visible_select(agent_id, bfloor, dfloor, unread, undelivered)
+        where = ""
+        if below is not None:
+            where, args = " WHERE v.sequence < %s", [*args, below]
+        row = self._one(f"SELECT count(*) AS n FROM (SELECT 1 FROM ({inner}) v{where} LIMIT %s) c", [*args, cap])
+        return int(row["n"])
+
     def first_visible_sequence(self, agent_id, bfloor, dfloor, *, unread=False, undelivered=False):
         inner, args = self._visible_select(agent_id, bfloor, dfloor, unread, undelivered)
         row = self._one(f"SELECT min(sequence) AS m FROM ({inner}) v", args)
