@@ -1,8 +1,11 @@
-"""The real harnesses agree with synapolis about its hooks: Codex's own `hooks/list` (app-server) reports
+"""The real harnesses agree with synapolis about its hooks. Codex's own `hooks/list` (app-server) reports
 the same per-hook hash and trust status that `doctor` computes, before and after `hooks install --trust`.
+Gemini CLI, pointed at a local stand-in for the model API, runs the installed SessionStart hook and
+sends its context to the model in a trusted folder with hooks on, and not otherwise, as doctor says.
 
-Needs the Codex binary from npm (`@openai/codex`): $SYNAPOLIS_TEST_CODEX, or `codex` on PATH
-(.ci/setup.d/50-codex.sh installs the pinned version in CI when npm is there); skipped elsewhere.
+Needs the binaries from npm (`@openai/codex`, `@google/gemini-cli`): $SYNAPOLIS_TEST_CODEX and
+$SYNAPOLIS_TEST_GEMINI, or `codex` / `gemini` on PATH (.ci/setup.d/50-harnesses.sh installs the pinned
+versions in CI when npm is there); each test is skipped without its binary.
 """
 
 from __future__ import annotations
@@ -11,13 +14,17 @@ import json
 import os
 import shutil
 import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from synapolis import doctor, harness_settings, hook_install
 
 CODEX = os.environ.get("SYNAPOLIS_TEST_CODEX") or shutil.which("codex")
-pytestmark = pytest.mark.skipif(not CODEX, reason="no Codex binary (set SYNAPOLIS_TEST_CODEX or put codex on PATH)")
+GEMINI = os.environ.get("SYNAPOLIS_TEST_GEMINI") or shutil.which("gemini")
+needs_codex = pytest.mark.skipif(not CODEX, reason="no Codex binary (set SYNAPOLIS_TEST_CODEX or put codex on PATH)")
+needs_gemini = pytest.mark.skipif(not GEMINI, reason="no Gemini CLI (set SYNAPOLIS_TEST_GEMINI or put gemini on PATH)")
 
 
 def codex_hooks_list(project, codex_home) -> dict:
@@ -46,6 +53,7 @@ def codex_hooks_list(project, codex_home) -> dict:
         proc.wait(timeout=30)
 
 
+@needs_codex
 def test_codex_itself_agrees_on_hashes_and_trust(tmp_path, harness_home, monkeypatch):
     project = tmp_path / "project"
     (project / ".git").mkdir(parents=True)
@@ -73,3 +81,73 @@ def test_codex_itself_agrees_on_hashes_and_trust(tmp_path, harness_home, monkeyp
     assert sorted(h["trustStatus"] for h in seen.values()) == ["modified", "trusted", "trusted", "trusted"]
     assert any("PostToolUse" in f["message"] and "changed since" in f["message"]
                for f in doctor.check_harness(project, "codex"))
+
+
+class ModelStandIn:
+    """A local stand-in for the Gemini API: records each request body and refuses it (400), so the CLI
+    stops after its first turn; what the model would have been sent is what the test reads."""
+
+    def __init__(self):
+        bodies = self.bodies = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                bodies.append(self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode("utf-8", "replace"))
+                out = json.dumps({"error": {"code": 400, "message": "stand-in", "status": "INVALID_ARGUMENT"}}).encode()
+                self.send_response(400)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def model():
+    stand_in = ModelStandIn()
+    yield stand_in
+    stand_in.close()
+
+
+def run_gemini(project, home, state_dir, model) -> tuple[int, str]:
+    """One headless Gemini CLI turn in `project`: its exit code, and everything the model was sent."""
+    env = {**os.environ, "GEMINI_API_KEY": "stand-in", "GOOGLE_GEMINI_BASE_URL": model.url,
+           "GEMINI_CLI_HOME": str(home), "SYNAPOLIS_STATE_DIR": str(state_dir)}
+    env.pop("GEMINI_CLI_TRUST_WORKSPACE", None)
+    done = subprocess.run([GEMINI, "-p", "hello"], cwd=project, env=env, capture_output=True, timeout=120,
+                          stdin=subprocess.DEVNULL)
+    return done.returncode, "\n".join(model.bodies)
+
+
+@needs_gemini
+@pytest.mark.parametrize("case", ["trusted", "switched_off", "untrusted"])
+def test_gemini_runs_the_installed_hooks_exactly_when_doctor_says_so(tmp_path, harness_home, monkeypatch, model, case):
+    project = tmp_path / "project"
+    (project / ".git").mkdir(parents=True)
+    home = tmp_path / "gemini-home"
+    (home / ".gemini").mkdir(parents=True)
+    monkeypatch.setenv("GEMINI_CLI_HOME", str(home))
+    (home / ".gemini" / "settings.json").write_text(json.dumps({"security": {"auth": {"selectedType": "gemini-api-key"}}}))
+    rule = "DO_NOT_TRUST" if case == "untrusted" else "TRUST_FOLDER"
+    (home / ".gemini" / "trustedFolders.json").write_text(json.dumps({str(project): rule}))
+    hook_install.install("gemini-cli", project)
+    if case == "switched_off":
+        settings = project / ".gemini" / "settings.json"
+        settings.write_text(json.dumps({**json.loads(settings.read_text()), "hooksConfig": {"enabled": False}}))
+    code, sent = run_gemini(project, home, tmp_path / "state", model)
+    ran = "synapolis: you are agent" in sent
+    # headless Gemini CLI refuses an untrusted folder outright (exit 55); otherwise it reaches the model
+    assert (code == 55) == (case == "untrusted") and bool(sent) == (case != "untrusted")
+    failed = [f for f in doctor.check_harness(project, "gemini-cli") if f["status"] == "fail"]
+    assert ran == (case == "trusted") and bool(failed) == (case != "trusted"), (case, failed)
+    assert (tmp_path / "state" / "heartbeats").is_dir() == ran
