@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import json
 import math
+import os
 import random
 import threading
 import time
@@ -195,17 +196,53 @@ def _push(record: dict, transition: dict) -> None:
     del history[:-MAX_TRANSITIONS]
 
 
+def _event_of(record: dict, transition: dict) -> dict:
+    """The claims.jsonl line of one transition of `record`."""
+    return {"at": transition["at"], "item": record["item"],
+            **{k: v for k, v in transition.items() if k not in ("at", "log_at", "count")}}
+
+
+def _logged(log: JsonlLog, event: dict, offset) -> bool:
+    """Whether the line at `offset` of the claim log is `event` (the line a transition was written with)."""
+    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+        return True  # written before transitions carried their offset: nothing to compare
+    # (a line appended after a torn fragment starts one newline later)
+    line = os.pread(log.fd, 65536, offset).lstrip(b"\n").split(b"\n", 1)[0]
+    try:
+        found = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return False
+    return isinstance(found, dict) and all(found.get(k) == event.get(k) for k in ("at", "item", "event", "token"))
+
+
+def _repair(log: JsonlLog, record: dict | None) -> None:
+    """Log the last transition of `record` if its line is missing: a writer killed between replacing the
+    claim file and appending the event leaves the event only in the file; the next change logs it."""
+    last = record["transitions"][-1] if record and record.get("transitions") else None
+    if isinstance(last, dict) and "log_at" in last and not _logged(log, _event_of(record, last), last["log_at"]):
+        log.append({**_event_of(record, last), "recovered": True})
+
+
 def _commit(ws, path, record: dict, transition: dict) -> None:
     """Persist the record (the token's high-water mark) and log its event: both or neither.
 
     The event log is locked first, so a busy log (BusyError) changes nothing; if the event cannot be
-    appended (a full disk, a file-size limit) the old claim file is put back (atomic.restorable).
+    appended (a full disk, a file-size limit) the old claim file is put back (atomic.restorable). Each
+    transition records the offset of its line (`log_at`), so a crash between the two is repaired by the
+    next change of the item (_repair).
     """
-    _push(record, transition)
-    event = {"at": transition["at"], "item": record["item"], **{k: v for k, v in transition.items() if k != "at"}}
     with JsonlLog(ws.paths.claims_log, timeout=ws.config.busy_timeout_ms / 1000.0) as log, restorable(path):
+        _repair(log, record)
+        transition["log_at"] = os.fstat(log.fd).st_size
+        _push(record, transition)
         atomic_write_json(path, record)
-        log.append(event)
+        log.append(_event_of(record, transition))
+
+
+def _settle(ws, record: dict) -> None:
+    """A change that changes nothing (releasing a released claim) still completes a crashed one's log."""
+    with JsonlLog(ws.paths.claims_log, timeout=ws.config.busy_timeout_ms / 1000.0) as log:
+        _repair(log, record)
 
 
 class Claim(dict):
@@ -473,6 +510,7 @@ def release(ws, item: str, agent_id: str, force: bool = False, reason: str | Non
         if token is not None:
             _require_live(record, token, now, agent_id, allow_expired=True)
         if record.get("released_at"):
+            _settle(ws, record)
             return Claim(record, event=None)
         holder = record["claimed_by"]
         now_s = format_ts(now)
