@@ -160,8 +160,8 @@ class AgentCall:
                     if not self._nothing_to_write():
                         with self.store.write() as c:
                             pending = work(c)
-                except SynapolisError as exc:
-                    pending, result["piggyback_skipped"] = ([], 0), exc.message
+                except (SynapolisError, OSError) as exc:
+                    pending, result["piggyback_skipped"] = ([], 0), getattr(exc, "message", None) or str(exc)
             elif not self._nothing_to_write():
                 with self.store.write() as c:
                     pending = work(c)
@@ -747,11 +747,12 @@ def list_agents(ws, who: Who | None = None, *, session_id: str | None = None, en
     with as_agent(ws, _who(who, session_id), env=env, piggyback=piggyback, mutation=False, required=False,
                   now=now) as call:
         agents = []
+        copies: dict = {}  # a shared store's heartbeat copies, read once at the first agent with no file here
         for sid, conn in _stores(ws, call, _read_scope(ws, call, session_id, several_ok=True)):
             for r in conn.agents():
                 agents.append({"id": r["id"], "session_id": sid, "harness": r["harness"],
                                "substrate": r["substrate"] or None, "status": r["status"],
-                               "effective_status": status_of_agent_anywhere(ws, r["id"], now),
+                               "effective_status": status_of_agent_anywhere(ws, r["id"], now, copies),
                                "last_heartbeat": r["last_heartbeat"], "joined_at": r["joined_at"],
                                "live": is_live(r, now, ws.config)})
         return _finish_read(call, {"agents": agents})

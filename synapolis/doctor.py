@@ -495,6 +495,9 @@ def run_doctor(root: Path | str, project_dir: Path | str | None = None, *, mount
     findings += check_temp_files(root, now)
     findings += check_cron(root, crontab_cmd)
     findings += check_harnesses(project, env)
+    from .store.checks import check_store  # reachable, schema version, server clock (contract §12)
+
+    findings += check_store(root, env)
     counts = {s: sum(1 for f in findings if f["status"] == s) for s in (OK, WARN, FAIL)}
     return {"ok": counts[FAIL] == 0, "state_dir": str(root), "project_dir": str(project),
             "counts": counts, "findings": findings}

@@ -152,18 +152,22 @@ def latest_visible_sequence(tx, agent_id: str) -> int:
 
 # -- sending ---------------------------------------------------------------------------------------
 
-def audience_rows(tx, recipient: str, sender: str) -> list:
-    """Registered agents who will see a signal; NotFoundError for a recipient nobody can be."""
+def audience_rows(tx, recipient: str, sender: str, caller: str | None = None) -> tuple[list, object]:
+    """(registered agents who will see a signal, the caller's own row or None), in one query;
+    NotFoundError for a recipient nobody can be."""
     if recipient == BROADCAST:
         rows = tx.agents()
-        return [r for r in rows if r["id"] != sender and not is_subagent_of(sender, r["id"])]
+        mine = next((r for r in rows if r["id"] == caller), None) if caller is not None else None
+        return [r for r in rows if r["id"] != sender and not is_subagent_of(sender, r["id"])], mine
     parts = recipient.split(".")
     candidates = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
-    rows = tx.agents(candidates)
+    found = tx.agents(candidates + ([caller] if caller is not None and caller not in candidates else []))
+    mine = next((r for r in found if r["id"] == caller), None) if caller is not None else None
+    rows = [r for r in found if r["id"] in candidates]
     if not rows:
         raise NotFoundError(f"unknown recipient {recipient!r}: no agent {candidates[0]!r} is registered in this "
                             "session (use '*' to broadcast)")
-    return rows
+    return rows, mine
 
 
 def audience(rows, now: datetime, config) -> dict:
@@ -233,11 +237,13 @@ def send(tx, *, caller: str | None, recipient: str, content: str, now: datetime,
     validate_agent_id(sender, "sender id")
     if caller is not None and sender != caller and not is_subagent_of(sender, caller):
         raise ForbiddenError(f"sender {sender!r} is neither the caller {caller!r} nor one of its sub-agents")
-    rows = audience_rows(tx, recipient, sender)
+    rows, mine = audience_rows(tx, recipient, sender, caller)
+    if caller is not None and mine is None:
+        raise NotFoundError(f"agent {caller!r} is not registered in this session")
     if rate_limited and caller is not None:
         take_token(tx, caller, now, config)
     if caller is not None:
-        clock = int(_reader(tx, caller)["lamport"])
+        clock = int(mine["lamport"])
     else:
         clock = tx.max_lamport()
     reply_id = None
@@ -249,13 +255,13 @@ def send(tx, *, caller: str | None, recipient: str, content: str, now: datetime,
     moment = now
     while True:
         stamp = ts(moment)
-        sid = signal_id(sender, recipient, type_, content, stamp)
-        if not tx.signal_exists(sid):
+        signal = {"id": signal_id(sender, recipient, type_, content, stamp), "sequence": None, "timestamp": stamp,
+                  "sender": sender, "recipient": recipient, "type": type_, "content": content, "lamport": lamport,
+                  "reply_to": reply_id}
+        signal["sequence"] = tx.insert_signal(signal)
+        if signal["sequence"] is not None:
             break
-        moment = moment + timedelta(microseconds=1)  # the same message twice in one microsecond
-    signal = {"id": sid, "sequence": None, "timestamp": stamp, "sender": sender,
-              "recipient": recipient, "type": type_, "content": content, "lamport": lamport, "reply_to": reply_id}
-    signal["sequence"] = tx.insert_signal(signal)
+        moment = moment + timedelta(microseconds=1)  # the same message twice in one microsecond: a new id
     if caller is not None:
         tx.raise_lamport(caller, lamport)
     return signal, audience(rows, now, config)

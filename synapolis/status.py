@@ -94,9 +94,10 @@ def status_of_agent(paths, agent_id: str, now: datetime, config, previous: dict 
     return effective_status(read.doc, now, previous=previous, **config.thresholds).effective_status
 
 
-def status_of_agent_anywhere(ws, agent_id: str, now: datetime) -> str:
+def status_of_agent_anywhere(ws, agent_id: str, now: datetime, copies: dict | None = None) -> str:
     """`status_of_agent` from the local file; with a shared store, an agent with no file here (one on
-    another machine) is judged by its heartbeat copy in the store (contract §12)."""
+    another machine) is judged by its heartbeat copy in the store (contract §12). `copies`: a dict to
+    fill with every copy at the first need and reuse (a caller asking about many agents)."""
     found = status_of_agent(ws.paths, agent_id, now, ws.config)
     if found != "missing":
         return found
@@ -105,5 +106,11 @@ def status_of_agent_anywhere(ws, agent_id: str, now: datetime) -> str:
     store = store_for(ws)
     if store.kind == "sqlite":
         return found
-    copy = store.heartbeat_copy(agent_id)
+    if copies is None:
+        copy = store.heartbeat_copy(agent_id)
+    else:
+        if not copies:
+            copies.update((c.get("agent_id"), c) for c in store.heartbeat_copies())
+            copies.setdefault(None, None)  # filled: an empty store is not asked again
+        copy = copies.get(agent_id)
     return status_of_doc(copy, now, ws.config) if copy is not None else found

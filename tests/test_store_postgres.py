@@ -484,3 +484,21 @@ def test_claim_expiry_is_judged_by_the_servers_clock(machines):
         claims.check(runner, "job:1", record["token"])
     assert type(gone.value).__name__ == "StaleToken"
     assert claims.check(runner, "job:1", record["token"], now=server_now + timedelta(seconds=0.5))
+
+
+def test_doctor_checks_the_store(machines, tmp_path):
+    laptop, _runner = machines
+    out = run_cli(laptop, "doctor", "--json")
+    found = [f for f in json.loads(out.stdout)["findings"] if f["check"] == "store"]
+    from synapolis.store.postgres import SCHEMA_VERSION
+
+    assert [f["status"] for f in found] == ["ok", "ok"]
+    assert found[0]["schema_version"] == SCHEMA_VERSION and abs(found[1]["skew_s"]) < 5
+    assert "@" in found[0]["url"] and laptop.config.store.split(":")[2].split("@")[0] not in out.stdout
+    down = use_store(tmp_path / "down", f"postgresql://u:hidden-pw@127.0.0.1:{_free_port()}/db")
+    out = run_cli(down, "doctor", "--json")
+    found = [f for f in json.loads(out.stdout)["findings"] if f["check"] == "store"]
+    assert out.returncode == 1 and found[0]["status"] == "fail" and "refused" in found[0]["message"].lower()
+    assert "hidden-pw" not in out.stdout + out.stderr
+    plain = run_cli(use_store(tmp_path / "plain", "sqlite"), "doctor", "--json")
+    assert [f["status"] for f in json.loads(plain.stdout)["findings"] if f["check"] == "store"] == ["ok"]

@@ -84,13 +84,10 @@ class Transaction(abc.ABC):
         """The highest Lamport value of any stored signal (0 when none)."""
 
     @abc.abstractmethod
-    def signal_exists(self, signal_id: str) -> bool:
-        """Whether a signal with this id is stored."""
-
-    @abc.abstractmethod
-    def insert_signal(self, signal: dict) -> int:
+    def insert_signal(self, signal: dict) -> int | None:
         """Store a signal (id, timestamp, sender, recipient, type, content, lamport, reply_to);
-        returns its `sequence`, which orders it after every signal committed before it."""
+        returns its `sequence`, which orders it after every signal committed before it, or None
+        (nothing stored) when a signal with that id exists already."""
 
     @abc.abstractmethod
     def find_signals(self, ref: str, limit: int = 100) -> list:

@@ -340,20 +340,23 @@ class PostgresTransaction(base.Transaction):
                         (self.session_id,))
         return int(row["m"])
 
-    def signal_exists(self, signal_id):
-        return self._one("SELECT 1 AS x FROM signals WHERE session_id = %s AND id = %s",
-                         (self.session_id, signal_id)) is not None
-
     def insert_signal(self, signal):
-        # the session's insert lock, held to commit: sequence order is commit order (see the module doc)
-        self.cur.execute(_LOCK, (_key(self.session_id, "signals"),))
+        # the session's insert lock first, held to commit, and only then the sequence: sequence order is
+        # commit order (see the module doc). One statement: the lock's row feeds the INSERT, so the lock
+        # is taken before nextval() runs.
         row = self._one(
-            "WITH stored AS (INSERT INTO signals (session_id, id, timestamp, sender, recipient, type, content, "
-            "lamport, reply_to) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING sequence) "
+            "WITH locked AS (SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))), "
+            "stored AS (INSERT INTO signals (session_id, id, timestamp, sender, recipient, type, content, lamport, "
+            "reply_to) SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s FROM locked "
+            # an id already stored is filtered out before nextval() runs, so it uses up no number
+            "WHERE NOT EXISTS (SELECT 1 FROM signals WHERE session_id = %s AND id = %s) "
+            "ON CONFLICT (session_id, id) DO NOTHING RETURNING sequence) "
             "SELECT sequence, pg_notify(%s, %s) FROM stored",
-            (self.session_id, signal["id"], signal["timestamp"], signal["sender"], signal["recipient"],
-             signal["type"], signal["content"], signal["lamport"], signal["reply_to"],
-             NOTIFY_CHANNEL, self.session_id))
+            (_key(self.session_id, "signals"), self.session_id, signal["id"], signal["timestamp"], signal["sender"],
+             signal["recipient"], signal["type"], signal["content"], signal["lamport"], signal["reply_to"],
+             self.session_id, signal["id"], NOTIFY_CHANNEL, self.session_id))
+        if row is None:
+            return None  # that id is stored already
         sequence = int(row["sequence"])
         if self._horizon is not None:
             self._horizon = max(self._horizon, sequence)  # our own insert is ours to see
@@ -481,10 +484,9 @@ class PostgresTransaction(base.Transaction):
 
     # -- staged memories ---------------------------------------------------------------------------
     def stage_memory(self, memory_id, agent_id, data, stamp):
-        self.cur.execute("INSERT INTO staged_memories (session_id, id, agent_id, memory_data, created_at) "
-                         "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                         (self.session_id, memory_id, agent_id, data, stamp))
-        return self.cur.rowcount > 0
+        return self._one("INSERT INTO staged_memories (session_id, id, agent_id, memory_data, created_at) "
+                         "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING 1 AS added",
+                         (self.session_id, memory_id, agent_id, data, stamp)) is not None
 
     def staged_memories(self):
         return self._all("SELECT id, agent_id, memory_data, created_at FROM staged_memories WHERE session_id = %s "
@@ -522,6 +524,9 @@ class ClaimSlot:
                          (self.item, self.item))
         row = self.cur.fetchone()
         return int(row["top"] or 0)
+
+    def settle(self) -> None:
+        """Nothing to repair: the claim row and its event commit in one transaction."""
 
     def write(self, record: dict, event: dict) -> None:
         import json
@@ -634,28 +639,32 @@ class PostgresStore(base.Store):
     @contextlib.contextmanager
     def transaction(self, begin: str = "BEGIN"):
         """A transaction on the process's connection (serialised between threads): committed on success,
-        rolled back on any error; psycopg errors become BusyError / InternalError."""
+        rolled back on any error; psycopg errors become BusyError / InternalError.
+
+        (libpq's pipeline mode was measured: on a local server its client-side cost outweighs the round
+        trips it saves, benchmarks/RESULTS.md; statements that belong together are fused instead.)
+        """
         with self._lock:
             conn = self.connection()
             try:
                 cur = conn.cursor()
                 cur.execute(begin)
-            except psycopg.Error as exc:
-                raise self._translate(exc) from None
-            try:
                 yield cur
+                cur.execute("COMMIT")
             except psycopg.Error as exc:
-                with contextlib.suppress(Exception):
-                    conn.execute("ROLLBACK")
+                self._rollback(conn)
                 raise self._translate(exc) from None
             except BaseException:
-                with contextlib.suppress(Exception):
-                    conn.execute("ROLLBACK")
+                self._rollback(conn)
                 raise
-            try:
-                conn.execute("COMMIT")
-            except psycopg.Error as exc:
-                raise self._translate(exc) from None
+
+    def _rollback(self, conn) -> None:
+        if conn.closed:
+            return
+        try:
+            conn.execute("ROLLBACK")
+        except Exception:  # noqa: BLE001 - a connection that cannot even roll back is not reused
+            self._drop()
 
     def _ensure_schema(self, conn) -> None:
         """Create or upgrade the schema once; two machines doing it at once wait on one advisory lock."""
@@ -730,8 +739,8 @@ class PostgresStore(base.Store):
     def create_session(self, session_id: str, created_at: str) -> bool:
         with self.transaction() as cur:
             cur.execute("INSERT INTO sessions (session_id, status, created_at) VALUES (%s, 'active', %s) "
-                        "ON CONFLICT DO NOTHING", (session_id, created_at))
-            return cur.rowcount > 0
+                        "ON CONFLICT DO NOTHING RETURNING 1 AS created", (session_id, created_at))
+            return cur.fetchone() is not None
 
     def read_session(self, session_id: str) -> dict:
         with self.transaction() as cur:

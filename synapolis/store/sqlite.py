@@ -266,10 +266,10 @@ class SqliteTransaction(base.Transaction):
     def max_lamport(self):
         return int(self.conn.execute("SELECT COALESCE(max(lamport), 0) FROM signals").fetchone()[0])
 
-    def signal_exists(self, signal_id):
-        return self.conn.execute("SELECT 1 FROM signals WHERE id = ?", (signal_id,)).fetchone() is not None
-
     def insert_signal(self, signal):
+        # looked up first: an ignored INSERT would still use up an AUTOINCREMENT number
+        if self.conn.execute("SELECT 1 FROM signals WHERE id = ?", (signal["id"],)).fetchone() is not None:
+            return None
         cursor = self.conn.execute(
             "INSERT INTO signals (id, timestamp, sender, recipient, type, content, lamport, reply_to) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (signal["id"], signal["timestamp"], signal["sender"],
