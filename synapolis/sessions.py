@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import os
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from .atomic import atomic_write_json, locked, read_json
 from .errors import NotFoundError, SynapolisError, UsageError
 from .names import generate_session_id, validate_session_id
+from .status import registry_live, registry_window
 from .store import SessionStore
 from .timeutil import format_ts, utcnow
 
 # registry statuses (EP-0118's CHECK); a declared `stopped` is `sleeping` there
 REGISTRY_STATUSES = ("active", "idle", "sleeping", "stale")
-LIVE_REGISTRY_STATUSES = ("active", "idle")
 
 
 def registry_status(declared: str) -> str:
@@ -26,14 +26,9 @@ def ts(moment: datetime) -> str:
     return format_ts(moment, micro=True)
 
 
-def fresh_cutoff(now: datetime, config) -> str:
-    """A `last_heartbeat` at or after this string is fresh (younger than stale_after_s)."""
-    return ts(now - timedelta(seconds=float(config.stale_after_s)))
-
-
 def is_live(row, now: datetime, config) -> bool:
-    """A registry row that counts as live: active or idle with a fresh last_heartbeat."""
-    return row["status"] in LIVE_REGISTRY_STATUSES and (row["last_heartbeat"] or "") >= fresh_cutoff(now, config)
+    """A registry row that counts as live: active or idle with a fresh last_heartbeat (status.registry_live)."""
+    return registry_live(row, now, config)
 
 
 def create_session(ws, session_id: str | None = None, now: datetime | None = None) -> str:
@@ -151,21 +146,21 @@ def sessions_of_agent(ws, agent_id: str, active_only: bool = True) -> list[str]:
 
 def count_live_agents(conn, now: datetime, config, exclude: str | None = None) -> int:
     """Agents whose registry status is `active` with a fresh last_heartbeat (EP-0118 §4's count)."""
+    cutoff, ceiling = registry_window(now, config)
     row = conn.execute(
-        "SELECT COUNT(*) FROM agents WHERE status = 'active' AND last_heartbeat >= ? AND id IS NOT ?",
-        (fresh_cutoff(now, config), exclude)).fetchone()
+        "SELECT COUNT(*) FROM agents WHERE status = 'active' AND last_heartbeat >= ? AND last_heartbeat <= ? "
+        "AND id IS NOT ?", (cutoff, ceiling, exclude)).fetchone()
     return int(row[0])
 
 
 def flag_stale_in(conn, now: datetime, config) -> list[dict]:
-    """Inside a write transaction: registry rows `active`/`idle` not heard from in stale_after_s -> `stale`."""
-    cutoff = fresh_cutoff(now, config)
-    rows = conn.execute(
-        "SELECT id, status, last_heartbeat FROM agents WHERE status IN ('active', 'idle') "
-        "AND (last_heartbeat IS NULL OR last_heartbeat < ?)", (cutoff,)).fetchall()
+    """Inside a write transaction: registry rows `active`/`idle` that are not fresh (status.registry_fresh:
+    not heard from in stale_after_s, or stamped beyond the clock skew) -> `stale`."""
+    cutoff, ceiling = registry_window(now, config)
+    stale = "status IN ('active', 'idle') AND (last_heartbeat IS NULL OR last_heartbeat < ? OR last_heartbeat > ?)"
+    rows = conn.execute(f"SELECT id, status, last_heartbeat FROM agents WHERE {stale}", (cutoff, ceiling)).fetchall()
     if rows:
-        conn.execute("UPDATE agents SET status = 'stale' WHERE status IN ('active', 'idle') "
-                     "AND (last_heartbeat IS NULL OR last_heartbeat < ?)", (cutoff,))
+        conn.execute(f"UPDATE agents SET status = 'stale' WHERE {stale}", (cutoff, ceiling))
     return [{"agent_id": r["id"], "from": r["status"], "last_heartbeat": r["last_heartbeat"]} for r in rows]
 
 
