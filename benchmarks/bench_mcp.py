@@ -36,8 +36,8 @@ from mcp import Client, StdioServerParameters  # noqa: E402
 from mcp.client.stdio import stdio_client  # noqa: E402
 from mcp.server.mcpserver import MCPServer  # noqa: E402
 
-from synapolis.mcp_server import create_server  # noqa: E402
-from synapolis.mcp_watch import inbox_uri  # noqa: E402
+from synapolis.mcp.server import create_server  # noqa: E402
+from synapolis.mcp.watch import inbox_uri  # noqa: E402
 from synapolis.workspace import Workspace  # noqa: E402
 
 
@@ -82,7 +82,7 @@ async def tools_list_size(state: Path) -> dict:
     return {"ours": len(ours), "sdk_default": len(sdk), "tools": len(listed.tools)}
 
 
-BASELINE_SERVER = ("import sys; from synapolis.mcp_server import create_server; "
+BASELINE_SERVER = ("import sys; from synapolis.mcp.server import create_server; "
                    "create_server(sys.argv[1], fast=False).run('stdio')")
 
 

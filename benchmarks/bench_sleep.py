@@ -29,7 +29,7 @@ SECTION = "bench_sleep"
 
 from synapolis import actions, sleep  # noqa: E402
 from synapolis.identity import Who  # noqa: E402
-from synapolis.store import SessionStore  # noqa: E402
+from synapolis.store import SessionStore  # noqa: E402  (the SQLite one)
 
 LOCK_HELD_MS: list[float] = []
 _original_write = SessionStore.write

@@ -20,8 +20,8 @@ from .identity import Who
 from .names import (check_text, generate_agent_id, refuse_reserved, validate_agent_id, validate_claim_item,
                     validate_session_id)
 from .sessions import (active_sessions, agent_row, create_session, each_store, is_live, read_session, registry_status,
-                       reopen_session, sessions_of_agent, ts)
-from .store import SessionStore
+                       reopen_session, session_exists, sessions_of_agent, ts)
+from .store import open_session, store_for
 from .timeutil import format_ts, humanize_age, parse_ts, utcnow
 
 ENV_HARNESS = "SYNAPOLIS_HARNESS"
@@ -151,8 +151,7 @@ class AgentCall:
         if self.registered:
             def work(c):
                 if not self.coalesced:
-                    c.execute("UPDATE agents SET last_heartbeat = ?, status = ? WHERE id = ?",
-                              (ts(self.now), registry_status(self.heartbeat["status"]), self.agent_id))
+                    c.refresh_agent(self.agent_id, ts(self.now), registry_status(self.heartbeat["status"]))
                 if self.piggyback:
                     return sig.drain(c, self.agent_id, self.method, self.now, self.ws.config,
                                      limit=limit, budget_chars=budget_chars)
@@ -264,22 +263,22 @@ class LongLived:
     @contextlib.contextmanager
     def store(self, ws, session_id: str):
         """A store for one verb: an idle one from the pool when its database is still the same file, else
-        a new one (NotFoundError for a missing session, as SessionStore.open). Back to the pool after."""
+        a new one (NotFoundError for a missing session, as open_session). Back to the pool after."""
         key = (os.fspath(ws.paths.root), session_id)
-        path = ws.paths.session_db(session_id)
-        now_sig = file_signature(path)
+        backend = store_for(ws)
+        now_sig = backend.session_signature(session_id)
         store = None
         with self._lock:
             idle = self._pools.get(key) or []
             while idle and store is None:
                 candidate, sig_ = idle.pop()
-                if sig_[:2] == (now_sig or ())[:2] and candidate.busy_timeout_ms == int(ws.config.busy_timeout_ms):
+                if sig_ == now_sig and candidate.busy_timeout_ms == int(ws.config.busy_timeout_ms):
                     store = candidate
                 else:
                     candidate.close()
         if store is None:
-            store = SessionStore.open(ws, session_id)
-            now_sig = file_signature(path) or (None, None)
+            store = backend.open_session(session_id)
+            now_sig = backend.session_signature(session_id) or (None, None)
         try:
             yield store
         except SynapolisError:
@@ -393,7 +392,7 @@ def as_agent(ws, who: Who | None = None, *, env=None, piggyback: bool = True, me
         if caller.session_id is not None:
             try:
                 store = stack.enter_context(live.store(ws, caller.session_id) if live is not None
-                                            else SessionStore.open(ws, caller.session_id))
+                                            else open_session(ws, caller.session_id))
             except NotFoundError:
                 if required:  # a session that was named (or remembered) but does not exist
                     raise
@@ -430,12 +429,11 @@ def _who(who: Who | None, session_id: str | None = None) -> Who:
 def _choose_session(ws, session_id, new_session, now) -> tuple[str, bool]:
     """(session id, created?) for start: the named one, a new one, or the only active one."""
     if session_id is not None:
-        path = ws.paths.session_json(session_id)
-        if not path.exists():
+        if not session_exists(ws, session_id):
             return create_session(ws, session_id, now), True
         if read_session(ws, session_id).get("status") != "active":
             reopen_session(ws, session_id, now)
-        SessionStore.open(ws, session_id, create=True).close()  # a crash may have left only session.json
+        open_session(ws, session_id, create=True).close()  # a crash may have left only session.json
         return session_id, False
     if new_session:
         return create_session(ws, None, now), True
@@ -501,7 +499,7 @@ def start(ws, *, agent_id: str | None = None, session_id: str | None = None, har
     # for someone else's id (docs/SECURITY.md)
     elsewhere = _registrations(ws, agent_id, skip=session_id) \
         if run_token is not None or ws.config.require_run_token else []
-    with SessionStore.open(ws, session_id) as store, store.write() as conn:
+    with open_session(ws, session_id) as store, store.write() as conn:
         row = agent_row(conn, agent_id)
         stamp = ts(now)
         if row is None and elsewhere:
@@ -518,17 +516,12 @@ def start(ws, *, agent_id: str | None = None, session_id: str | None = None, har
                     f"{humanize_age(age)}): present its run token to reclaim it, or pick another --agent-id")
             else:
                 token, how = identity.new_token(), "taken_over"
-            conn.execute("UPDATE agents SET harness = ?, substrate = ?, status = 'active', last_heartbeat = ?, "
-                         "run_token = ?, started_at = ? WHERE id = ?",
-                         (harness, substrate or "", stamp, identity.hash_token(token), stamp, agent_id))
+            conn.restart_agent(agent_id, harness=harness, substrate=substrate or "", stamp=stamp,
+                               run_token=identity.hash_token(token))
         else:
             token, how = run_token or identity.new_token(), "joined"
-            joined_seq = conn.execute("SELECT COALESCE(max(sequence), 0) FROM signals").fetchone()[0]
-            conn.execute("INSERT INTO agents (id, harness, substrate, status, last_heartbeat, run_token, joined_at, "
-                         "joined_seq, read_upto, delivered_upto, started_at) "
-                         "VALUES (?, ?, ?, 'active', ?, ?, ?, ?, 0, 0, ?)",
-                         (agent_id, harness, substrate or "", stamp, identity.hash_token(token), stamp, joined_seq,
-                          stamp))
+            conn.register_agent(agent_id, harness=harness, substrate=substrate or "", stamp=stamp,
+                                run_token=identity.hash_token(token))
         pending = sig.drain(conn, agent_id, "startup_drain", now, ws.config) if piggyback else []
     doc = write_heartbeat(ws.paths, agent_id, harness=harness, substrate=substrate, session_id=session_id,
                           status="active", now=format_ts(now))
@@ -627,7 +620,7 @@ def inbox(ws, session_id: str, agent_id: str, *, method: str = "push", now: date
     validate_session_id(session_id)
     validate_agent_id(agent_id)
     now = _now(now)
-    with SessionStore.open(ws, session_id) as store, store.write() as conn:
+    with open_session(ws, session_id) as store, store.write() as conn:
         if agent_row(conn, agent_id) is None:
             raise NotFoundError(f"agent {agent_id!r} is not registered in session {session_id!r}")
         sig.drain(conn, agent_id, method, now, ws.config)
@@ -658,7 +651,7 @@ def follow_signals(ws, who: Who | None = None, *, unread_only: bool = True, limi
 
     observer = start_observer(event_handler(on_event), ws.paths.session_dir(session), poll_interval_s=0.5)
     try:
-        with SessionStore.open(ws, session) as store:
+        with open_session(ws, session) as store:
             while not stop.is_set():
                 changed.wait(safety_wait_s)
                 changed.clear()
@@ -689,7 +682,7 @@ def warn_sessions(ws, incident: dict, now: datetime | None = None) -> list[dict]
             "its work may need taking over")
     sent = []
     for session_id in targets:
-        with SessionStore.open(ws, session_id) as store, store.write() as conn:
+        with open_session(ws, session_id) as store, store.write() as conn:
             doc, _aud = sig.send(conn, caller=None, recipient=sig.BROADCAST, content=what, now=now,
                                  config=ws.config, type_="warn", sender=sig.SYSTEM_SENDER, rate_limited=False)
         sent.append({"session_id": session_id, "signal_id": doc["id"]})
@@ -741,7 +734,7 @@ def list_agents(ws, who: Who | None = None, *, session_id: str | None = None, en
                   now=now) as call:
         agents = []
         for sid, conn in _stores(ws, call, _read_scope(ws, call, session_id, several_ok=True)):
-            for r in conn.execute("SELECT * FROM agents ORDER BY id").fetchall():
+            for r in conn.agents():
                 agents.append({"id": r["id"], "session_id": sid, "harness": r["harness"],
                                "substrate": r["substrate"] or None, "status": r["status"],
                                "effective_status": status_of_agent(ws.paths, r["id"], now, ws.config),
@@ -790,7 +783,7 @@ def whiteboard_read(ws, who: Who | None = None, key: str | None = None, *, sessi
             if key is not None:
                 raise NotFoundError(f"no whiteboard key {key!r}: there is no active session")
             return _finish_read(call, {"entries": [], "session_id": None})
-        with SessionStore.open(ws, scope[0]) as store, store.read() as conn:
+        with open_session(ws, scope[0]) as store, store.read() as conn:
             result = {"entry": board.read_entry(conn, key)} if key is not None else \
                 {"entries": board.read_entries(conn)}
         result["session_id"] = scope[0]

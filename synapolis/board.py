@@ -43,27 +43,25 @@ def _entry(row) -> dict:
 
 # -- whiteboard ------------------------------------------------------------------------------------
 
-def write_entry(conn, key: str, value: str, agent_id: str, now: datetime, config) -> dict:
+def write_entry(tx, key: str, value: str, agent_id: str, now: datetime, config) -> dict:
     """Inside a write transaction: set `key` to `value` (last writer wins, with who and when)."""
     check_key(key)
     _check_text(value, "whiteboard value", config, allow_empty=True)
     stamp = ts(now)
-    conn.execute("INSERT INTO session_state (key, value, updated_by, updated_at) VALUES (?, ?, ?, ?) "
-                 "ON CONFLICT(key) DO UPDATE SET value = excluded.value, updated_by = excluded.updated_by, "
-                 "updated_at = excluded.updated_at", (key, value, agent_id, stamp))
+    tx.whiteboard_set(key, value, agent_id, stamp)
     return {"key": key, "value": value, "updated_by": agent_id, "updated_at": stamp}
 
 
-def read_entry(conn, key: str) -> dict:
+def read_entry(tx, key: str) -> dict:
     check_key(key)
-    row = conn.execute("SELECT * FROM session_state WHERE key = ?", (key,)).fetchone()
+    row = tx.whiteboard_get(key)
     if row is None:
         raise NotFoundError(f"no whiteboard key {key!r}")
     return _entry(row)
 
 
-def read_entries(conn) -> list[dict]:
-    return [_entry(r) for r in conn.execute("SELECT * FROM session_state ORDER BY key").fetchall()]
+def read_entries(tx) -> list[dict]:
+    return [_entry(r) for r in tx.whiteboard_all()]
 
 
 # -- notes bus -------------------------------------------------------------------------------------

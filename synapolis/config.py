@@ -18,6 +18,8 @@ DEFAULTS: dict = {
     "busy_timeout_ms": 5000,
     "redeliver_after_s": 600,
     "require_run_token": False,
+    # "sqlite" (the state directory) or a postgresql:// URL shared by several machines (contract §12)
+    "store": "sqlite",
     "escalation": {"notify_cmd": None, "repeat_after_s": 86400, "notify_timeout_s": 10},
 }
 
@@ -59,6 +61,10 @@ def check_config(document) -> list[str]:
             problems.append(f"{key} must be a positive whole number, not {value!r}")
     if "require_run_token" in document and not isinstance(document["require_run_token"], bool):
         problems.append("require_run_token must be true or false")
+    if "store" in document:
+        store = document["store"]
+        if not isinstance(store, str) or not (store == "sqlite" or store.startswith(("postgresql://", "postgres://"))):
+            problems.append("store must be \"sqlite\" or a postgresql:// URL")
     esc = document.get("escalation", {})
     if not isinstance(esc, dict):
         problems.append("escalation must be an object")
@@ -154,6 +160,7 @@ def load_config(path: str | os.PathLike) -> Config:
 def default_config_document() -> dict:
     document = defaults()
     document.pop("escalation")
+    document.pop("store")  # the default store needs no line; a shared one is set by hand
     document["escalation"] = {"notify_cmd": None, "repeat_after_s": 86400}
     return document
 

@@ -51,8 +51,7 @@ def _sessions(ws, agents: dict, now: datetime) -> list[dict]:
     found = []
     # a session whose store is damaged or locked is left out: the rest of the screen still shows
     for session_id, conn in sessions.each_store(ws, sessions.active_sessions(ws), skip_broken=True):
-        rows = conn.execute("SELECT id, harness, substrate, status, last_heartbeat FROM agents "
-                            "ORDER BY id").fetchall()
+        rows = conn.agents()
         unread = {r["id"]: len(signals.unread(conn, r["id"])) for r in rows}
         for row in rows:
             entry = agents.get(row["id"])

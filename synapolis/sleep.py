@@ -342,7 +342,7 @@ def staged_id(agent_id: str, memory: dict) -> str:
     return hashlib.sha256(identity.encode("utf-8")).hexdigest()
 
 
-def stage(conn, agent_id: str, memories: list[dict], now: datetime) -> int:
+def stage(tx, agent_id: str, memories: list[dict], now: datetime) -> int:
     """Inside a write transaction: put `memories` into staged_memories; returns how many rows are new."""
     from .sessions import ts
 
@@ -350,20 +350,17 @@ def stage(conn, agent_id: str, memories: list[dict], now: datetime) -> int:
     added = 0
     for memory in memories:
         data = json.dumps(memory, ensure_ascii=False, separators=(",", ":"))
-        cursor = conn.execute("INSERT OR IGNORE INTO staged_memories (id, agent_id, memory_data, created_at) "
-                              "VALUES (?, ?, ?, ?)", (staged_id(agent_id, memory), agent_id, data, stamp))
-        added += cursor.rowcount
+        added += tx.stage_memory(staged_id(agent_id, memory), agent_id, data, stamp)
     return added
 
 
-def staged_entries(conn) -> tuple[list[dict], list[str]]:
+def staged_entries(tx) -> tuple[list[dict], list[str]]:
     """Every staged memory as a merge entry (oldest first), and the ids of rows too broken to merge.
 
     A broken row is left where it is rather than cleared, so nothing staged is ever silently lost.
     """
     entries, broken = [], []
-    for row in conn.execute("SELECT rowid, id, agent_id, memory_data, created_at FROM staged_memories "
-                            "ORDER BY created_at, rowid"):
+    for row in tx.staged_memories():
         try:
             memory = check_memory(json.loads(row["memory_data"]))
             validate_agent_id(row["agent_id"])
@@ -386,7 +383,7 @@ def _session_status(ws, session_id: str) -> str | None:
         return None
 
 
-def consolidate(conn, ws, *, session_id: str, agent_id: str, now: datetime, announce: bool,
+def consolidate(tx, ws, *, session_id: str, agent_id: str, now: datetime, announce: bool,
                 reader: LedgerReader | None = None) -> dict:
     """Inside the consensus transaction of the last agent: merge everything staged into the ledger.
 
@@ -397,11 +394,11 @@ def consolidate(conn, ws, *, session_id: str, agent_id: str, now: datetime, anno
     """
     from . import signals as sig
 
-    entries, broken = staged_entries(conn)
+    entries, broken = staged_entries(tx)
     merged = merge_memories(entries, now)
     written, held = append_to_ledger(ws.paths, merged, session_id=session_id, merged_by=agent_id, reader=reader)
     ids = [e["staged_id"] for e in entries]
-    conn.executemany("DELETE FROM staged_memories WHERE id = ?", [(i,) for i in ids])
+    tx.unstage(ids)
     event = None
     if announce:
         sources = sorted({e["agent_id"] for e in entries})
@@ -410,7 +407,7 @@ def consolidate(conn, ws, *, session_id: str, agent_id: str, now: datetime, anno
                    f"({len(written)} new line(s)).")
         # honest delivery: send() stores the broadcast and marks nothing delivered; not rate limited,
         # because the protocol's own announcement must never be refused
-        event, _audience = sig.send(conn, caller=agent_id, recipient=sig.BROADCAST, content=content, now=now,
+        event, _audience = sig.send(tx, caller=agent_id, recipient=sig.BROADCAST, content=content, now=now,
                                     config=ws.config, type_="sleep_event", rate_limited=False)
     return {"consolidated": len(entries), "memories": len(merged), "merged": len(written),
             "already_held": len(held), "unreadable": len(broken), "ledger_lines": written,
@@ -421,8 +418,8 @@ def _probably_last(store, agent_id: str, now: datetime, config) -> bool:
     """A lock-free guess whether the caller will consolidate; the transaction decides for real."""
     from .sessions import count_live_agents
 
-    with store.read() as conn:
-        return count_live_agents(conn, now, config, exclude=agent_id) == 0
+    with store.read() as tx:
+        return count_live_agents(tx, now, config, exclude=agent_id) == 0
 
 
 def tired(ws, who=None, *, memories=None, env=None, piggyback: bool = True, now: datetime | None = None) -> dict:
@@ -450,21 +447,22 @@ def tired(ws, who=None, *, memories=None, env=None, piggyback: bool = True, now:
             # read the ledger now, outside the write lock; inside it only the tail is read
             reader = LedgerReader(ws.paths.memory_ledger)
             reader.catch_up()
-        with call.store.write() as conn:
+        with call.store.write() as tx:
+            tx.exclusive("sleep")  # one consensus count at a time (SQLite's write transactions are already)
             # first our own row: an agent idle for long must not flag itself stale below
-            conn.execute("UPDATE agents SET status = 'idle', last_heartbeat = ? WHERE id = ?", (ts(moment), me))
-            staged = stage(conn, me, checked, moment)
-            flagged = [f["agent_id"] for f in flag_stale_in(conn, moment, ws.config)]
-            others = count_live_agents(conn, moment, ws.config, exclude=me)
+            tx.refresh_agent(me, ts(moment), "idle")
+            staged = stage(tx, me, checked, moment)
+            flagged = [f["agent_id"] for f in flag_stale_in(tx, moment, ws.config)]
+            others = count_live_agents(tx, moment, ws.config, exclude=me)
             result.update(outcome="standby", active_others=others, staged=staged, merged=0,
                           flagged_stale=flagged, ended_before=ended_before)
             if others == 0 or ended_before:
                 result["outcome"] = "consolidated"
-                result.update(consolidate(conn, ws, session_id=session_id, agent_id=me, now=moment,
+                result.update(consolidate(tx, ws, session_id=session_id, agent_id=me, now=moment,
                                           announce=not ended_before, reader=reader))
             else:
-                result["still_staged"] = conn.execute("SELECT COUNT(*) FROM staged_memories").fetchone()[0]
-            call.finish(result, conn)
+                result["still_staged"] = tx.count_staged()
+            call.finish(result, tx)
         if result["outcome"] == "consolidated":
             result["ledger"] = str(ws.paths.memory_ledger)
             result["session_status"] = "ended" if ended_before else end_session(ws, session_id, moment)["status"]

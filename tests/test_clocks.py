@@ -19,6 +19,7 @@ from synapolis import monitor as mon
 from synapolis.errors import ConflictError
 from synapolis.identity import Who
 from synapolis.status import effective_status, registry_live, status_of_agent
+from synapolis.store import open_session
 from synapolis.timeutil import format_ts
 
 DAY = 86400
@@ -163,17 +164,13 @@ def test_the_store_counts_live_agents_by_the_same_rule(ws, offset_s):
     """count_live_agents and flag_stale_in (SQL) against registry_live (Python), row by row."""
     sid = actions.start(ws, agent_id="alice", new_session=True, env={}, now=NOW)["session_id"]
     stamp = micro(NOW + timedelta(seconds=offset_s))
-    conn = sqlite3.connect(ws.paths.session_db(sid))
-    conn.row_factory = sqlite3.Row
-    try:
-        with conn:
-            conn.execute("UPDATE agents SET last_heartbeat = ? WHERE id = 'alice'", (stamp,))
-        row = conn.execute("SELECT * FROM agents WHERE id = 'alice'").fetchone()
-        live = registry_live(row, NOW, ws.config)
+    with open_session(ws, sid) as store:
+        with store.write() as tx:
+            tx.execute("UPDATE agents SET last_heartbeat = ? WHERE id = 'alice'", (stamp,))
+        with store.read() as tx:
+            live = registry_live(tx.agent("alice"), NOW, ws.config)
+            assert sessions.count_live_agents(tx, NOW, ws.config) == int(live)
         assert live == (-300 <= offset_s <= 120)
-        assert sessions.count_live_agents(conn, NOW, ws.config) == int(live)
-        with conn:
-            flagged = sessions.flag_stale_in(conn, NOW, ws.config)
+        with store.write() as tx:
+            flagged = sessions.flag_stale_in(tx, NOW, ws.config)
         assert [f["agent_id"] for f in flagged] == ([] if live else ["alice"])
-    finally:
-        conn.close()

@@ -222,7 +222,7 @@ def test_with_tokens_on_the_mcp_tools_refuse_another(guarded, state_dir):
     import anyio
     from mcp import Client
 
-    from synapolis.mcp_server import create_server
+    from synapolis.mcp.server import create_server
 
     async def main():
         async with Client(create_server(state_dir, {}), mode="2026-07-28") as client:

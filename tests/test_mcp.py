@@ -18,8 +18,8 @@ from mcp import Client, MCPError  # noqa: E402
 
 from synapolis import actions  # noqa: E402
 from synapolis.identity import Who  # noqa: E402
-from synapolis.mcp_server import create_server  # noqa: E402
-from synapolis.mcp_watch import inbox_uri, notes_uri, parse_uri  # noqa: E402
+from synapolis.mcp.server import create_server  # noqa: E402
+from synapolis.mcp.watch import inbox_uri, notes_uri, parse_uri  # noqa: E402
 from synapolis.errors import UsageError  # noqa: E402
 
 LEGACY, MODERN = "legacy", "2026-07-28"

@@ -246,7 +246,7 @@ def _server_calls(state_dir, fast: bool, calls: int) -> tuple[int, float]:
     """(heartbeat seq growth, seconds taken) over `calls` back-to-back read_signals of one in-process server."""
     from mcp import Client
 
-    from synapolis.mcp_server import create_server
+    from synapolis.mcp.server import create_server
 
     out = {}
 
@@ -280,7 +280,7 @@ def test_the_baseline_server_never_coalesces(tmp_path):
 def test_a_config_edit_applies_to_the_next_call(state_dir, ws):
     from mcp import Client
 
-    from synapolis.mcp_server import create_server
+    from synapolis.mcp.server import create_server
 
     async def main():
         server = create_server(state_dir, {})

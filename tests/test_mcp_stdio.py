@@ -16,7 +16,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning")
 from mcp import Client, StdioServerParameters  # noqa: E402
 from mcp.client.stdio import stdio_client  # noqa: E402
 
-from synapolis.mcp_watch import inbox_uri  # noqa: E402
+from synapolis.mcp.watch import inbox_uri  # noqa: E402
 
 DEADLINE_S = 15  # the server's start-up (importing the SDK) is inside it on a loaded machine
 

@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 
 from conftest import NOW, _cli_env
-from synapolis import actions, store
+from synapolis import actions
 from synapolis.errors import ForbiddenError
 from synapolis.identity import Who, hash_token
 from synapolis.store import SessionStore
+from synapolis.store import sqlite as store
 from synapolis.workspace import Workspace
 
 CONVERSATION = "7d1c0a52-aaaa-bbbb-cccc-0123456789ab"

@@ -21,6 +21,6 @@ def mcp_cmd(ws, polling):
     Example: synapolis --state-dir ./state mcp
     """
     # the SDK is imported here and nowhere else on the CLI's paths: it is slow to import
-    from ..mcp_server import create_server
+    from ..mcp.server import create_server
 
     create_server(ws.root, force_polling=polling).run("stdio")

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .errors import NotFoundError, UsageError
-from .names import validate_agent_id, validate_session_id
-from .watching import event_handler, event_paths, start_observer, stop_observer
+from ..errors import NotFoundError, UsageError
+from ..names import validate_agent_id, validate_session_id
+from ..watching import event_handler, event_paths, start_observer, stop_observer
 
 log = logging.getLogger(__name__)
 
@@ -131,13 +131,13 @@ def notes_size(ws, session_id: str) -> int:
 
 def inbox_sequence(ws, session_id: str, agent_id: str, store=None) -> int:
     """The newest sequence `agent_id` can see in the session (0 when the session does not exist yet)."""
-    from . import signals
-    from .store import SessionStore
+    from .. import signals
+    from ..store import open_session
 
     own = store is None
     try:
         if own:
-            store = SessionStore.open(ws, session_id)
+            store = open_session(ws, session_id)
         with store.read() as conn:
             return int(signals.latest_visible_sequence(conn, agent_id) or 0)
     except NotFoundError:
@@ -214,11 +214,11 @@ class SessionWatcher:
 
     # -- the checker side --------------------------------------------------------------------------
     def _store(self, session_id: str):
-        from .store import SessionStore
+        from ..store import open_session
 
         store = self._stores.get(session_id)
         if store is None:
-            store = self._stores[session_id] = SessionStore.open(self.ws, session_id)
+            store = self._stores[session_id] = open_session(self.ws, session_id)
         return store
 
     def check(self, session_ids=None) -> list[str]:

@@ -1,0 +1,169 @@
+"""What one MCP server holds across its clients: the state directory, the stores kept open, the
+subscriptions and their watcher, and who each client is."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.from_thread
+from mcp.server.subscriptions import InMemorySubscriptionBus, ResourceUpdated
+
+from .. import actions
+from ..paths import CONFIG_NAME
+from ..workspace import Workspace
+from . import watch
+
+log = logging.getLogger(__name__)
+
+MAX_KEPT = 16  # sessions whose database one server holds open (LongLived pools)
+
+
+@dataclass
+class Remembered:
+    agent_id: str
+    session_id: str
+    run_token: str | None
+
+
+
+class ServerState:
+    """What one `synapolis mcp` process holds: the state directory, its environment, the remembered
+    identity, and the subscriptions with their watcher."""
+
+    def __init__(self, state_dir, env=None, *, force_polling: bool = False, fast: bool = True):
+        self.root = Path(state_dir).absolute()
+        self.env = dict(os.environ if env is None else env)
+        self.remembered: Remembered | None = None
+        self.bus = InMemorySubscriptionBus()
+        self.subscriptions = watch.Subscriptions()
+        self.connections: dict[Any, Any] = {}  # legacy subscriber key -> ServerSession to notify
+        self.force_polling = force_polling
+        self.fast = fast
+        self.watcher: watch.SessionWatcher | None = None
+        # stores held open, callers resolved, refreshes coalesced between calls (actions.LongLived)
+        self.live = actions.LongLived(max_sessions=MAX_KEPT)
+        self._ws: tuple | None = None  # (config file signature, Workspace)
+        self._users = 0
+        self._token = None  # the event loop's, for the watcher's thread to deliver on
+        self._lock = threading.Lock()
+
+    def workspace(self, create: bool = False) -> Workspace:
+        """The state directory and its config, re-read only when synapolis.json changed (an edit applies
+        to the next call without restarting the harness)."""
+        signature = actions.file_signature(os.path.join(self.root, CONFIG_NAME))
+        cached = self._ws
+        if self.fast and cached is not None and signature is not None and cached[0] == signature:
+            ws = cached[1]
+        else:
+            ws = Workspace.open(self.root, env=self.env)
+            # a file changed within the last seconds may change again within its mtime's granularity with
+            # the same size (an in-place edit): trusted only once it is older (git's "racy clean" rule)
+            settled = signature is not None and time.time_ns() - signature[2] > 2_000_000_000
+            self._ws = (signature, ws) if settled else None
+        return ws.ensure() if create else ws
+
+    def who(self, agent_id=None, session_id=None, run_token=None):
+        """Explicit arguments first; the identity start_session remembered fills what they leave out (its
+        run token only for that agent in that session); the library then falls back to env, identity.json."""
+        from ..identity import Who
+
+        mem = self.remembered
+        if mem is None or agent_id not in (None, mem.agent_id):
+            return Who(agent_id, session_id, run_token)
+        same_session = session_id in (None, mem.session_id)
+        return Who(mem.agent_id, session_id or mem.session_id,
+                   run_token or (mem.run_token if same_session else None))
+
+    def remember(self, result: dict) -> None:
+        self.remembered = Remembered(result["agent_id"], result["session_id"], result.get("run_token"))
+
+    def keep_open(self, ws, session_id: str | None) -> None:
+        """Hold a connection to a session this server works in, for the server's life (LongLived.hold).
+
+        When the last connection to a WAL database closes, SQLite checkpoints and deletes the WAL, and the
+        next opener rebuilds its index: with one connection held here every verb's own open and close is
+        cheap (a read verb drops from ~20 ms to a few ms here), the CLI's and hooks' included.
+        """
+        self.live.hold(ws, session_id)
+
+    def close_kept(self) -> None:
+        self.live.close()
+
+    # -- push ---------------------------------------------------------------------------------------
+    async def deliver(self, uris: list[str]) -> None:
+        """On the event loop: tell every subscriber of each URI, both ways."""
+        for uri in uris:
+            await self.bus.publish(ResourceUpdated(uri=uri))  # subscriptions/listen streams
+            for holder in self.subscriptions.holders(uri):  # resources/subscribe connections
+                session = self.connections.get(holder)
+                if session is None:
+                    continue
+                try:
+                    await session.send_resource_updated(uri)
+                except Exception as exc:  # noqa: BLE001 - one gone client must not starve the others
+                    log.debug("synapolis mcp: cannot notify %s: %s", uri, exc)
+
+    async def subscribe(self, uri: str, holder) -> None:
+        """Watch `uri` for `holder` from now on: what it holds now is the baseline, not news."""
+        ws = self.workspace()
+        watch.parse_uri(uri)  # a URI that is not ours starts no watcher
+
+        def watch_and_measure():
+            self._start_watcher()  # before the baseline, so nothing stored after it goes unseen
+            return watch.current_value(ws, uri)
+
+        baseline = await anyio.to_thread.run_sync(watch_and_measure)
+        self.subscriptions.add(uri, holder, baseline)
+        if self.watcher is not None:
+            # a signal stored between the baseline and the registration woke a check that did not
+            # know this URI yet; look once more so it is not missed until the next event
+            self.watcher.mark_dirty(watch.parse_uri(uri)[1])
+
+    def start_watching(self, token) -> None:
+        """The server is up: push may start. The watcher itself starts with the first subscription: its
+        threads wake on every write to the sessions folder, our own tool calls' included, which costs
+        every call of a server nobody subscribed to (most clients today) a share of a small machine."""
+        with self._lock:
+            self._users += 1
+            self._token = token
+
+    def _start_watcher(self) -> None:
+        with self._lock:
+            if self.watcher is not None or self._users <= 0:
+                return
+            ws = self.workspace(create=True)
+            token = self._token
+
+            def notify(uris):
+                anyio.from_thread.run(self.deliver, uris, token=token)
+
+            self.watcher = watch.SessionWatcher(ws, self.subscriptions, notify,
+                                                    force_polling=self.force_polling).start()
+
+    def stop_watching(self) -> None:
+        with self._lock:
+            self._users -= 1
+            last = self._users <= 0
+            watcher = self.watcher if last else None
+            if last:
+                self.watcher = None
+        if last:
+            if watcher is not None:
+                watcher.stop()
+            self.close_kept()
+            for holder in list(self.connections):
+                self.subscriptions.drop_holder(holder)
+            self.connections.clear()
+
+
+def connection_key(session) -> Any:
+    # one ServerSession proxy is built per request; the connection behind it is what identifies a client
+    return ("conn", id(getattr(session, "_connection", session)))
+

@@ -1,0 +1,124 @@
+"""The stdio transport on the event loop's own pipe I/O (what `synapolis mcp` runs).
+
+The SDK's stdio wraps the process's files and runs each readline, write and flush on a worker thread, three
+thread hops per message; where stdin and stdout are pipes or sockets (what every harness gives a server)
+these read and write them from the loop itself. Anything else (a file, a terminal) gets the SDK's stdio.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import asynccontextmanager
+
+import anyio
+
+
+async def serve(lowlevel_server, *, fast: bool = True) -> None:
+    """Serve `lowlevel_server` (an SDK low-level Server) over this process's stdin and stdout until EOF."""
+    from mcp.server.stdio import stdio_server
+
+    if fast and _pipes(0, 1):
+        async with _pipe_stdio() as (stdin, stdout), stdio_server(stdin, stdout) as (read_stream, write_stream):
+            await lowlevel_server.run(read_stream, write_stream, lowlevel_server.create_initialization_options())
+    else:
+        async with stdio_server() as (read_stream, write_stream):
+            await lowlevel_server.run(read_stream, write_stream, lowlevel_server.create_initialization_options())
+
+
+def _pipes(*fds: int) -> bool:
+    import stat
+
+    if os.name != "posix":
+        return False
+    try:
+        return all(stat.S_ISFIFO(os.fstat(fd).st_mode) or stat.S_ISSOCK(os.fstat(fd).st_mode) for fd in fds)
+    except OSError:
+        return False
+
+
+class _PipeLines:
+    """stdin as the SDK's stdio_server reads it (`async for line`), straight from the event loop."""
+
+    def __init__(self, reader):
+        self._reader = reader
+        self._buffer = bytearray()
+        self._scanned = 0
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> str:
+        while True:
+            end = self._buffer.find(b"\n", self._scanned)
+            if end >= 0:
+                line = bytes(self._buffer[:end + 1])
+                del self._buffer[:end + 1]
+                self._scanned = 0
+                return line.decode("utf-8", errors="replace")
+            self._scanned = len(self._buffer)
+            chunk = await self._reader.read(1 << 16)
+            if not chunk:  # end of input: a last line without its newline still counts, as for readline
+                if not self._buffer:
+                    raise StopAsyncIteration
+                line, self._buffer[:] = bytes(self._buffer), b""
+                return line.decode("utf-8", errors="replace")
+            self._buffer += chunk
+
+
+class _PipeWriter:
+    """stdout as the SDK's stdio_server writes it (`await write`, `await flush`), without a thread."""
+
+    def __init__(self, writer):
+        self._writer = writer
+
+    async def write(self, text: str) -> None:
+        if self._writer.transport.is_closing():
+            raise anyio.ClosedResourceError  # the client went away: the SDK's writer ends quietly on this
+        self._writer.write(text.encode("utf-8"))
+
+    async def flush(self) -> None:
+        try:
+            await self._writer.drain()
+        except (ConnectionError, OSError):
+            raise anyio.ClosedResourceError from None
+
+
+@asynccontextmanager
+async def _pipe_stdio():
+    """(stdin lines, stdout writer) on private duplicates of fds 0 and 1, as the SDK's stdio does: while the
+    server runs, fd 0 reads /dev/null and fd 1 writes to stderr, so a stray print or a child process never
+    corrupts the protocol; both are put back on the way out."""
+    import asyncio
+    import fcntl
+
+    loop = asyncio.get_running_loop()
+    wire_in = os.fdopen(fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, 3), "rb", buffering=0)
+    wire_out = os.fdopen(fcntl.fcntl(1, fcntl.F_DUPFD_CLOEXEC, 3), "wb", buffering=0)
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        os.dup2(null, 0)
+        try:
+            os.dup2(2, 1)
+        except OSError:  # no stderr: stray output goes nowhere rather than onto the wire
+            os.dup2(null, 1)
+    finally:
+        os.close(null)
+    transports = []
+    try:
+        reader = asyncio.StreamReader(limit=1 << 20)
+        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), wire_in)
+        transports.append(transport)
+        transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, wire_out)
+        transports.append(transport)
+        yield _PipeLines(reader), _PipeWriter(asyncio.StreamWriter(transport, protocol, None, loop))
+    finally:
+        for fd, wire in ((0, wire_in), (1, wire_out)):
+            try:
+                os.dup2(wire.fileno(), fd)
+                os.set_blocking(fd, True)
+            except (OSError, ValueError):
+                pass
+        for transport in transports:
+            transport.close()  # closes its duplicate
+        for wire in (wire_in, wire_out)[len(transports):]:
+            wire.close()

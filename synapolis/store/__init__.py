@@ -1,0 +1,55 @@
+"""The store: where agents' shared state lives, chosen per state directory (contract §12).
+
+`store_for(ws)` gives the state directory's `Store` (base.py is the interface): SQLite in the
+state directory unless `SYNAPOLIS_STORE_URL` or the config key `store` names a `postgresql://`
+URL. The PostgreSQL driver (psycopg) is imported only when that store is in use.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .base import SessionStore as SessionStoreBase, Store, Transaction  # noqa: F401
+from .sqlite import SCHEMA_VERSION, SessionStore, SqliteStore  # noqa: F401  (SessionStore: the SQLite one)
+
+ENV_STORE_URL = "SYNAPOLIS_STORE_URL"
+_OPEN: dict = {}  # (root, url) -> Store: one per state directory and URL in a process
+
+
+def store_url(ws, env=None) -> str:
+    """The configured store: "sqlite" or a postgresql:// URL (the environment first, then the config)."""
+    env = os.environ if env is None else env
+    url = env.get(ENV_STORE_URL) or ws.config.values.get("store") or "sqlite"
+    return url.strip() if isinstance(url, str) else "sqlite"
+
+
+def is_postgres_url(url: str) -> bool:
+    return url.startswith(("postgresql://", "postgres://"))
+
+
+def store_for(ws) -> Store:
+    """The Store of this state directory (made once per process and URL)."""
+    url = store_url(ws)
+    if not is_postgres_url(url):
+        return SqliteStore(ws)
+    key = (ws.files.root, url, int(ws.config.busy_timeout_ms))
+    store = _OPEN.get(key)
+    if store is None:
+        from .postgres import PostgresStore
+
+        store = _OPEN[key] = PostgresStore(ws, url)
+    else:
+        store.ws = ws
+    return store
+
+
+def open_session(ws, session_id: str, create: bool = False) -> SessionStoreBase:
+    """The store of one session: NotFoundError when it does not exist (and not `create`)."""
+    return store_for(ws).open_session(session_id, create=create)
+
+
+def close_all() -> None:
+    """Close every store this process opened (connections to a database server)."""
+    while _OPEN:
+        _key, store = _OPEN.popitem()
+        store.close()

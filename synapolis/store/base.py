@@ -1,0 +1,252 @@
+"""The store interface: every operation the protocol performs on shared state, and nothing else.
+
+Modelled on httpx's transports: one interface here, one implementation per backend beside it
+(`sqlite.py`, the embedded default; `postgres.py`, one database shared by many machines). The
+protocol's decisions (visibility, audience, Lamport values, the token bucket, the memory merge)
+are pure functions in signals.py, sessions.py and sleep.py; they call these methods inside the
+transaction a verb holds, so a drain marks exactly what it returns in the same transaction.
+
+Rows handed back are mappings (`row["id"]`, `row.keys()`, `dict(row)`). Timestamps are the
+fixed-width RFC 3339 strings of `sessions.ts()` on both stores, so comparing them as text
+orders them in time.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+
+
+class Transaction(abc.ABC):
+    """One open transaction on one session's shared state (`SessionStore.write()` / `.read()`)."""
+
+    session_id: str
+
+    # -- locking -----------------------------------------------------------------------------------
+    def exclusive(self, topic: str) -> None:
+        """Serialise this transaction with every other one that asks for `topic` in this session
+        (the consensus count of `tired`). SQLite's write transactions are exclusive already."""
+
+    def try_exclusive(self, topic: str) -> bool:
+        """Like `exclusive`, without waiting: False when another transaction holds `topic` now."""
+        return True
+
+    # -- the registry (EP-0118 `agents`) ------------------------------------------------------------
+    @abc.abstractmethod
+    def agent(self, agent_id: str):
+        """The registry row of `agent_id`, or None."""
+
+    @abc.abstractmethod
+    def agents(self, ids=None) -> list:
+        """Registry rows ordered by id: all of them, or those whose id is in `ids`."""
+
+    @abc.abstractmethod
+    def register_agent(self, agent_id: str, *, harness: str, substrate: str, stamp: str, run_token: str) -> None:
+        """A new registry row, `active` and fresh; signals stored before it are its history. `run_token`
+        is what is kept of the agent's token: its hash (identity.hash_token), never the token itself."""
+
+    @abc.abstractmethod
+    def restart_agent(self, agent_id: str, *, harness: str, substrate: str, stamp: str, run_token: str) -> None:
+        """An existing row taken back or over: active, fresh, with this token."""
+
+    @abc.abstractmethod
+    def refresh_agent(self, agent_id: str, stamp: str, status: str) -> None:
+        """The agent was heard from at `stamp` with registry status `status`."""
+
+    @abc.abstractmethod
+    def count_live(self, cutoff: str, exclude: str | None = None, *, ceiling: str) -> int:
+        """Agents `active` with a last_heartbeat at or after `cutoff` and at or before `ceiling`, other
+        than `exclude` (status.registry_window: a stamp beyond the clock skew is no evidence of life)."""
+
+    @abc.abstractmethod
+    def flag_stale(self, cutoff: str, *, ceiling: str) -> list:
+        """Rows `active`/`idle` heard from before `cutoff`, or stamped after `ceiling`, become `stale`;
+        returns (id, status, last_heartbeat) rows of what changed."""
+
+    @abc.abstractmethod
+    def raise_lamport(self, agent_id: str, value: int) -> None:
+        """The agent's Lamport clock becomes `value` when it is lower."""
+
+    @abc.abstractmethod
+    def set_delivered_upto(self, agent_id: str, mark: int) -> None:
+        """Raise the agent's delivered watermark to `mark`."""
+
+    @abc.abstractmethod
+    def set_read_upto(self, agent_id: str, mark: int) -> None:
+        """Raise the agent's read watermark (and the delivered one with it) to `mark`."""
+
+    # -- signals -----------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def max_sequence(self) -> int:
+        """The highest sequence a reader may move a watermark to: every signal numbered up to it
+        is committed and visible to this transaction (0 when none)."""
+
+    @abc.abstractmethod
+    def max_lamport(self) -> int:
+        """The highest Lamport value of any stored signal (0 when none)."""
+
+    @abc.abstractmethod
+    def signal_exists(self, signal_id: str) -> bool:
+        """Whether a signal with this id is stored."""
+
+    @abc.abstractmethod
+    def insert_signal(self, signal: dict) -> int:
+        """Store a signal (id, timestamp, sender, recipient, type, content, lamport, reply_to);
+        returns its `sequence`, which orders it after every signal committed before it."""
+
+    @abc.abstractmethod
+    def find_signals(self, ref: str, limit: int = 100) -> list:
+        """Signals whose id is `ref` (64 hex) or starts with it (a prefix)."""
+
+    @abc.abstractmethod
+    def visible_signals(self, agent_id: str, bfloor: int, dfloor: int, *, unread: bool = False,
+                        undelivered: bool = False, newest_first: bool = False, limit: int | None = None,
+                        reader_fields: bool = False) -> list:
+        """The signals `agent_id` sees (broadcasts from others after `bfloor`; to it or its sub-agents
+        after `dfloor`), optionally only unread / never delivered to it, ordered by sequence and cut
+        to `limit` from the chosen end; with `reader_fields`, each row also carries `read_at`,
+        `delivered_at` and `delivery_method` for this reader. Returned oldest first."""
+
+    @abc.abstractmethod
+    def first_visible_sequence(self, agent_id: str, bfloor: int, dfloor: int, *, unread: bool = False,
+                               undelivered: bool = False) -> int | None:
+        """The lowest sequence `visible_signals` would return with these filters, or None."""
+
+    @abc.abstractmethod
+    def latest_visible_sequence(self, agent_id: str) -> int:
+        """The newest sequence the reader can see, history included (0 when none)."""
+
+    @abc.abstractmethod
+    def hook_redeliveries(self, agent_id: str, max_offers: int, cutoff: str) -> list:
+        """Signals a hook delivered to the agent, unread, offered fewer than `max_offers` times,
+        last at or before `cutoff`; each row carries `offers`."""
+
+    @abc.abstractmethod
+    def add_deliveries(self, agent_id: str, signal_ids: list, stamp: str, method: str) -> None:
+        """First delivery rows (SPEC-037), in the transaction that returns these signals."""
+
+    @abc.abstractmethod
+    def reoffer(self, agent_id: str, signal_ids: list, stamp: str) -> None:
+        """A hook offered these signals again."""
+
+    @abc.abstractmethod
+    def add_reads(self, agent_id: str, signal_ids: list, stamp: str) -> None:
+        """Mark signals read by the agent (already read ones stay as they were)."""
+
+    # -- the rate limit ----------------------------------------------------------------------------
+    @abc.abstractmethod
+    def rate_bucket(self, agent_id: str):
+        """The sender's token bucket (`tokens`, `updated_at` in epoch seconds) or None; held for
+        this transaction, so two sends of one agent cannot both spend one token."""
+
+    @abc.abstractmethod
+    def set_rate_bucket(self, agent_id: str, tokens: float, updated_at: float) -> None:
+        """Store the sender's bucket."""
+
+    # -- the whiteboard (EP-0118 `session_state`) -------------------------------------------------
+    @abc.abstractmethod
+    def whiteboard_set(self, key: str, value: str, agent_id: str, stamp: str) -> None:
+        """Set one entry (last writer wins)."""
+
+    @abc.abstractmethod
+    def whiteboard_get(self, key: str):
+        """One entry's row (key, value, updated_by, updated_at), or None."""
+
+    @abc.abstractmethod
+    def whiteboard_all(self) -> list:
+        """Every entry, ordered by key."""
+
+    # -- staged memories (EP-0118 `staged_memories`) ---------------------------------------------
+    @abc.abstractmethod
+    def stage_memory(self, memory_id: str, agent_id: str, data: str, stamp: str) -> bool:
+        """Stage one memory; False when that id is staged already."""
+
+    @abc.abstractmethod
+    def staged_memories(self) -> list:
+        """Every staged row (id, agent_id, memory_data, created_at), oldest first."""
+
+    @abc.abstractmethod
+    def unstage(self, memory_ids: list) -> None:
+        """Remove these staged rows (they are in the ledger now)."""
+
+    @abc.abstractmethod
+    def count_staged(self) -> int:
+        """How many memories are staged."""
+
+
+class SessionStore(abc.ABC):
+    """One session's shared state, opened: transactions on it, then `close()`."""
+
+    session_id: str
+    busy_timeout_ms: int
+
+    @abc.abstractmethod
+    def write(self) -> contextlib.AbstractContextManager:
+        """A write transaction (a `Transaction`): committed on success, rolled back on any error."""
+
+    @abc.abstractmethod
+    def read(self) -> contextlib.AbstractContextManager:
+        """A read transaction: one consistent view for every query in the body."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Give the connection back; the store is not used after this."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Store(abc.ABC):
+    """A backend for one state directory: its sessions, and what is shared beyond one session."""
+
+    kind: str  # "sqlite" or "postgresql"
+
+    @abc.abstractmethod
+    def open_session(self, session_id: str, create: bool = False) -> SessionStore:
+        """The session's store; NotFoundError when it does not exist and not `create`."""
+
+    @abc.abstractmethod
+    def session_exists(self, session_id: str) -> bool:
+        """Whether the session's document exists."""
+
+    @abc.abstractmethod
+    def create_session(self, session_id: str, created_at: str) -> bool:
+        """Create the session (its store and document, status `active`) unless it exists; True when new."""
+
+    @abc.abstractmethod
+    def read_session(self, session_id: str) -> dict:
+        """The session document {session_id, status, created_at, ended_at, ...}; NotFoundError."""
+
+    @abc.abstractmethod
+    def list_sessions(self) -> list[dict]:
+        """Every readable session document, by id."""
+
+    @abc.abstractmethod
+    def set_session_status(self, session_id: str, status: str, stamp: str) -> dict:
+        """Mark a session `ended` or `active` again; returns the new document."""
+
+    def session_signature(self, session_id: str):
+        """What identifies the session's database now: a pooled store is reused only while this is
+        unchanged (SQLite: the file's device and inode, so a replaced session.db is reopened)."""
+        return (self.kind,)
+
+    def now(self):
+        """The moment every comparison between agents uses: the local clock, or the server's."""
+        from ..timeutil import utcnow
+
+        return utcnow()
+
+    @contextlib.contextmanager
+    def exclusive_pass(self, name: str, lock_path):
+        """Yields True while this process is the only one across the store running pass `name`
+        (the watchdog), False at once when another holds it."""
+        from ..atomic import locked
+
+        with locked(lock_path, blocking=False) as got:
+            yield got
+
+    def close(self) -> None:
+        """Release what the store holds (connections)."""

@@ -1,0 +1,662 @@
+"""The SQLite store, the embedded default: `sessions/<id>/session.db` per session, the rest as files.
+
+One database per session (WAL mode, `BEGIN IMMEDIATE` write transactions, so every write
+transaction is exclusive and `max(sequence)` is always committed); sessions are `session.json`
+files, claims, incidents and the ledger stay the files their modules write.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import sys
+import threading
+
+from ..errors import BusyError, InternalError, NotFoundError
+from . import base
+
+# 2: run tokens are kept as their SHA-256 (identity.hash_token), and the files are private (0600/0700)
+SCHEMA_VERSION = 2
+# session.db, its -wal and -shm hold every agent's signals and (hashed) run token: only their owner may
+# read them, from the moment they exist (SQLite gives -wal and -shm the mode of the database file)
+PRIVATE_FILE = 0o600
+PRIVATE_DIR = 0o700
+
+# EP-0118 §3's five tables exactly as written (names, columns, CHECKs), then our additions.
+# Timestamps we write are RFC 3339 UTC with microseconds (`2026-06-02T10:09:24.123456Z`): fixed
+# width, so comparing them as strings orders them in time.
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS agents
+(
+    id             TEXT PRIMARY KEY,
+    harness        TEXT NOT NULL,
+    substrate      TEXT NOT NULL,
+    status         TEXT NOT NULL CHECK (status IN ('active', 'idle', 'sleeping', 'stale')),
+    last_heartbeat TIMESTAMP DEFAULT CURRENT_TIMESTAMP,
+    run_token      TEXT NOT NULL,
+    joined_at      TIMESTAMP DEFAULT CURRENT_TIMESTAMP,
+    -- additions: the last signal sequence when the agent first joined (older broadcasts are history),
+    -- its Lamport clock, and two watermarks: every signal it can see up to `read_upto` is read (or
+    -- history), up to `delivered_upto` delivered, read or history; they keep inbox queries short.
+    joined_seq     INTEGER NOT NULL DEFAULT 0,
+    lamport        INTEGER NOT NULL DEFAULT 0,
+    read_upto      INTEGER NOT NULL DEFAULT 0,
+    delivered_upto INTEGER NOT NULL DEFAULT 0,
+    started_at     TIMESTAMP
+);
+
+CREATE TABLE IF NOT EXISTS signals
+(
+    id        TEXT NOT NULL UNIQUE,
+    sequence  INTEGER PRIMARY KEY AUTOINCREMENT,
+    timestamp TIMESTAMP DEFAULT CURRENT_TIMESTAMP,
+    sender    TEXT NOT NULL,
+    recipient TEXT NOT NULL,
+    type      TEXT NOT NULL CHECK (type IN
+                                   ('inform', 'query', 'delegate', 'ack', 'warn', 'sleep_event', 'sleep_request')),
+    content   TEXT NOT NULL,
+    lamport   INTEGER NOT NULL DEFAULT 0,
+    reply_to  TEXT
+);
+
+CREATE TABLE IF NOT EXISTS signal_reads
+(
+    signal_id TEXT NOT NULL,
+    agent_id  TEXT NOT NULL,
+    read_at   TIMESTAMP DEFAULT CURRENT_TIMESTAMP,
+    PRIMARY KEY (signal_id, agent_id),
+    FOREIGN KEY (signal_id) REFERENCES signals (id) ON DELETE CASCADE,
+    FOREIGN KEY (agent_id) REFERENCES agents (id) ON DELETE CASCADE
+);
+
+CREATE TABLE IF NOT EXISTS session_state
+(
+    key        TEXT PRIMARY KEY,
+    value      TEXT NOT NULL,
+    updated_by TEXT NOT NULL,
+    updated_at TIMESTAMP DEFAULT CURRENT_TIMESTAMP
+);
+
+CREATE TABLE IF NOT EXISTS staged_memories
+(
+    id          TEXT PRIMARY KEY,
+    agent_id    TEXT NOT NULL,
+    memory_data TEXT NOT NULL,
+    created_at  TIMESTAMP DEFAULT CURRENT_TIMESTAMP
+);
+
+-- SPEC-037: a row only in the transaction that put the signal's content into a response to agent_id.
+CREATE TABLE IF NOT EXISTS signal_deliveries
+(
+    signal_id       TEXT NOT NULL,
+    agent_id        TEXT NOT NULL,
+    delivered_at    TIMESTAMP NOT NULL,
+    delivery_method TEXT NOT NULL CHECK (delivery_method IN
+                                         ('startup_drain', 'piggyback', 'poll', 'push', 'hook')),
+    offers          INTEGER NOT NULL DEFAULT 1,
+    last_offered_at TIMESTAMP NOT NULL,
+    PRIMARY KEY (signal_id, agent_id),
+    FOREIGN KEY (signal_id) REFERENCES signals (id) ON DELETE CASCADE
+);
+
+-- one token bucket per sending agent (rate_limit_per_min)
+CREATE TABLE IF NOT EXISTS rate_buckets
+(
+    agent_id   TEXT PRIMARY KEY,
+    tokens     REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+
+CREATE INDEX IF NOT EXISTS signals_by_recipient ON signals (recipient, sequence);
+CREATE INDEX IF NOT EXISTS signal_reads_by_agent ON signal_reads (agent_id, signal_id);
+CREATE INDEX IF NOT EXISTS deliveries_by_agent ON signal_deliveries (agent_id, delivery_method, offers);
+"""
+
+
+def create_private(path: str) -> None:
+    """Create the folder (0700) and an empty database file (0600) before SQLite opens it, so the file is
+    private from its first moment whatever the umask; SQLite then creates -wal and -shm with its mode."""
+    os.makedirs(os.path.dirname(path), mode=PRIVATE_DIR, exist_ok=True)
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), PRIVATE_FILE))
+    except FileExistsError:  # a racing creator made it (the same way)
+        pass
+
+
+def make_private(path: str) -> None:
+    """Take a store made by an older synapolis private: its folder 0700; the file, -wal and -shm 0600.
+    Only the owner may change a mode; for anyone else this quietly does nothing."""
+    if os.name == "nt":  # pragma: no cover - no POSIX modes
+        return
+    for target, mode in ((os.path.dirname(path), PRIVATE_DIR), (path, PRIVATE_FILE),
+                         (path + "-wal", PRIVATE_FILE), (path + "-shm", PRIVATE_FILE)):
+        try:
+            if os.stat(target).st_mode & 0o777 & ~mode:
+                os.chmod(target, mode)
+        except OSError:
+            continue
+
+
+def _hash_clear_tokens(conn) -> None:
+    """Schema 2: replace run tokens an older synapolis kept in clear with their hash (identity.hash_token)."""
+    from ..identity import hash_token, is_hashed
+
+    rows = conn.execute("SELECT id, run_token FROM agents").fetchall()
+    conn.executemany("UPDATE agents SET run_token = ? WHERE id = ?",
+                     [(hash_token(r["run_token"]), r["id"]) for r in rows if not is_hashed(r["run_token"])])
+
+
+def _statements(script: str):
+    """Split a script into statements (executescript would commit our transaction first)."""
+    pending = ""
+    for line in script.splitlines(keepends=True):
+        pending += line
+        if sqlite3.complete_statement(pending):
+            yield pending
+            pending = ""
+
+
+def _skip_checkpoint_on_close(conn) -> None:
+    """Ask SQLite not to checkpoint (and delete the WAL) when this connection closes.
+
+    Every CLI call opens and closes the store once; closing the last connection otherwise runs a
+    checkpoint with two fsyncs and the next writer re-creates the WAL with another: about 20 ms of a
+    ~60 ms call on a VM disk. The WAL is still checkpointed automatically every 1000 pages, so it
+    stays bounded, and session.db + session.db-wal remain one consistent database.
+    """
+    setconfig = getattr(conn, "setconfig", None)
+    if setconfig is not None:  # Python 3.12+
+        try:
+            setconfig(sqlite3.SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, True)
+        except (AttributeError, sqlite3.Error):
+            pass
+        return
+    # Python 3.10/3.11 have no setconfig: call sqlite3_db_config on the connection's handle, which
+    # CPython keeps as the first field after the object header. Only on builds where that holds.
+    if sys.implementation.name != "cpython" or sys.version_info[:2] not in ((3, 10), (3, 11)) \
+            or hasattr(sys, "gettotalrefcount"):
+        return
+    # The bare `_ctypes` (0.7 ms to import) rather than `ctypes` (3 ms, every CLI call): two C types
+    # and a plain call are all this needs.
+    global _DB_CONFIG
+    if _DB_CONFIG is False:
+        return
+    try:
+        import _ctypes
+
+        if _DB_CONFIG is None:
+            import _sqlite3
+
+            class VoidP(_ctypes._SimpleCData):
+                _type_ = "P"
+
+            class Int(_ctypes._SimpleCData):
+                _type_ = "i"
+
+            address = _ctypes.dlsym(_ctypes.dlopen(_sqlite3.__file__, _ctypes.RTLD_LOCAL), "sqlite3_db_config")
+            _DB_CONFIG = (address, VoidP, Int)
+        address, VoidP, Int = _DB_CONFIG
+        handle = VoidP.from_address(id(conn) + object.__basicsize__).value
+        if handle:
+            _ctypes.call_function(address, (VoidP(handle), Int(_NO_CKPT_ON_CLOSE), Int(1), VoidP(None)))
+    except (ImportError, OSError, AttributeError, ValueError, TypeError):
+        _DB_CONFIG = False  # not available here: closing simply checkpoints, as SQLite does by default
+
+
+_DB_CONFIG = None
+_NO_CKPT_ON_CLOSE = 1006  # SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE
+WAL_TRIM_BYTES = 512 * 1024
+
+
+def _is_busy(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text
+
+
+_COLS = "s.sequence, s.id, s.timestamp, s.sender, s.recipient, s.type, s.content, s.lamport, s.reply_to"
+_UNREAD = " AND NOT EXISTS (SELECT 1 FROM signal_reads r WHERE r.signal_id = s.id AND r.agent_id = ?)"
+_UNDELIVERED = " AND NOT EXISTS (SELECT 1 FROM signal_deliveries d WHERE d.signal_id = s.id AND d.agent_id = ?)"
+
+
+def _family(agent_id: str) -> tuple[str, str]:
+    # ids under `a` are exactly the strings between "a." and "a/" ('/' follows '.' in ASCII and is
+    # never in an id): a range an index can use, where LIKE would treat '_' as a wildcard.
+    return agent_id + ".", agent_id + "/"
+
+
+def _sql_limit(limit) -> int:
+    """SQLite's LIMIT: -1 (none) when unset or beyond its 64-bit integers."""
+    if limit is None or int(limit) >= 2 ** 63:
+        return -1
+    return int(limit)
+
+
+class SqliteTransaction(base.Transaction):
+    """A transaction on one session.db; `execute`/`executemany` reach the connection itself (tests and
+    tools that inspect the SQLite file; the protocol code uses only the interface)."""
+
+    __slots__ = ("conn", "session_id")
+
+    def __init__(self, conn, session_id: str):
+        self.conn = conn
+        self.session_id = session_id
+
+    def execute(self, sql, args=()):
+        return self.conn.execute(sql, args)
+
+    def executemany(self, sql, rows):
+        return self.conn.executemany(sql, rows)
+
+    # -- the registry --------------------------------------------------------------------------------
+    def agent(self, agent_id):
+        return self.conn.execute("SELECT * FROM agents WHERE id = ?", (agent_id,)).fetchone()
+
+    def agents(self, ids=None):
+        if ids is None:
+            return self.conn.execute("SELECT * FROM agents ORDER BY id").fetchall()
+        ids = list(ids)
+        marks = ",".join("?" * len(ids))
+        return self.conn.execute(f"SELECT * FROM agents WHERE id IN ({marks}) ORDER BY id", ids).fetchall()
+
+    def register_agent(self, agent_id, *, harness, substrate, stamp, run_token):
+        self.conn.execute("INSERT INTO agents (id, harness, substrate, status, last_heartbeat, run_token, joined_at, "
+                          "joined_seq, read_upto, delivered_upto, started_at) "
+                          "VALUES (?, ?, ?, 'active', ?, ?, ?, ?, 0, 0, ?)",
+                          (agent_id, harness, substrate, stamp, run_token, stamp, self.max_sequence(), stamp))
+
+    def restart_agent(self, agent_id, *, harness, substrate, stamp, run_token):
+        self.conn.execute("UPDATE agents SET harness = ?, substrate = ?, status = 'active', last_heartbeat = ?, "
+                          "run_token = ?, started_at = ? WHERE id = ?",
+                          (harness, substrate, stamp, run_token, stamp, agent_id))
+
+    def refresh_agent(self, agent_id, stamp, status):
+        self.conn.execute("UPDATE agents SET last_heartbeat = ?, status = ? WHERE id = ?", (stamp, status, agent_id))
+
+    def count_live(self, cutoff, exclude=None, *, ceiling):
+        row = self.conn.execute("SELECT COUNT(*) FROM agents WHERE status = 'active' AND last_heartbeat >= ? "
+                                "AND last_heartbeat <= ? AND id IS NOT ?", (cutoff, ceiling, exclude)).fetchone()
+        return int(row[0])
+
+    def flag_stale(self, cutoff, *, ceiling):
+        where = ("status IN ('active', 'idle') AND (last_heartbeat IS NULL OR last_heartbeat < ? "
+                 "OR last_heartbeat > ?)")
+        rows = self.conn.execute(f"SELECT id, status, last_heartbeat FROM agents WHERE {where}",
+                                 (cutoff, ceiling)).fetchall()
+        if rows:
+            self.conn.execute(f"UPDATE agents SET status = 'stale' WHERE {where}", (cutoff, ceiling))
+        return rows
+
+    def raise_lamport(self, agent_id, value):
+        self.conn.execute("UPDATE agents SET lamport = ? WHERE id = ? AND lamport < ?", (value, agent_id, value))
+
+    def set_delivered_upto(self, agent_id, mark):
+        self.conn.execute("UPDATE agents SET delivered_upto = ? WHERE id = ? AND delivered_upto < ?",
+                          (mark, agent_id, mark))
+
+    def set_read_upto(self, agent_id, mark):
+        self.conn.execute("UPDATE agents SET read_upto = ?, delivered_upto = max(delivered_upto, ?) WHERE id = ?",
+                          (mark, mark, agent_id))
+
+    # -- signals -------------------------------------------------------------------------------------
+    def max_sequence(self):
+        # BEGIN IMMEDIATE: no other writer is between its insert and its commit while we read
+        return int(self.conn.execute("SELECT COALESCE(max(sequence), 0) FROM signals").fetchone()[0])
+
+    def max_lamport(self):
+        return int(self.conn.execute("SELECT COALESCE(max(lamport), 0) FROM signals").fetchone()[0])
+
+    def signal_exists(self, signal_id):
+        return self.conn.execute("SELECT 1 FROM signals WHERE id = ?", (signal_id,)).fetchone() is not None
+
+    def insert_signal(self, signal):
+        cursor = self.conn.execute(
+            "INSERT INTO signals (id, timestamp, sender, recipient, type, content, lamport, reply_to) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (signal["id"], signal["timestamp"], signal["sender"],
+                                                signal["recipient"], signal["type"], signal["content"],
+                                                signal["lamport"], signal["reply_to"]))
+        return cursor.lastrowid
+
+    def find_signals(self, ref, limit=100):
+        if len(ref) == 64:
+            return self.conn.execute(f"SELECT {_COLS} FROM signals s WHERE s.id = ?", (ref,)).fetchall()
+        return self.conn.execute(f"SELECT {_COLS} FROM signals s WHERE s.id >= ? AND s.id < ? LIMIT ?",
+                                 (ref, ref + "g", limit)).fetchall()
+
+    @staticmethod
+    def _visible_select(agent_id, bfloor, dfloor, unread, undelivered):
+        """The visible signals after the floors, as a UNION ALL each branch of which an index serves."""
+        lo, hi = _family(agent_id)
+        extra, extra_args = "", []
+        if unread:
+            extra, extra_args = extra + _UNREAD, extra_args + [agent_id]
+        if undelivered:
+            extra, extra_args = extra + _UNDELIVERED, extra_args + [agent_id]
+        branches = [
+            ("s.recipient = '*' AND s.sequence > ? AND s.sender != ? AND NOT (s.sender > ? AND s.sender < ?)",
+             [bfloor, agent_id, lo, hi]),
+            ("s.recipient = ? AND s.sequence > ?", [agent_id, dfloor]),
+            ("s.recipient > ? AND s.recipient < ? AND s.sequence > ?", [lo, hi, dfloor]),
+        ]
+        sql, args = [], []
+        for where, params in branches:
+            sql.append(f"SELECT {_COLS} FROM signals s WHERE {where}{extra}")
+            args += params + extra_args
+        return " UNION ALL ".join(sql), args
+
+    def visible_signals(self, agent_id, bfloor, dfloor, *, unread=False, undelivered=False, newest_first=False,
+                        limit=None, reader_fields=False):
+        inner, args = self._visible_select(agent_id, bfloor, dfloor, unread, undelivered)
+        inner += f" ORDER BY sequence {'DESC' if newest_first else 'ASC'} LIMIT ?"
+        args.append(_sql_limit(limit))
+        if not reader_fields:
+            rows = self.conn.execute(inner, args).fetchall()
+            return rows[::-1] if newest_first else rows
+        sql = (f"SELECT v.*, r.read_at, d.delivered_at, d.delivery_method FROM ({inner}) v "
+               "LEFT JOIN signal_reads r ON r.signal_id = v.id AND r.agent_id = ? "
+               "LEFT JOIN signal_deliveries d ON d.signal_id = v.id AND d.agent_id = ? ORDER BY v.sequence")
+        return self.conn.execute(sql, [*args, agent_id, agent_id]).fetchall()
+
+    def first_visible_sequence(self, agent_id, bfloor, dfloor, *, unread=False, undelivered=False):
+        inner, args = self._visible_select(agent_id, bfloor, dfloor, unread, undelivered)
+        row = self.conn.execute(f"SELECT min(sequence) FROM ({inner})", args).fetchone()
+        return int(row[0]) if row and row[0] is not None else None
+
+    def latest_visible_sequence(self, agent_id):
+        lo, hi = _family(agent_id)
+        best = 0
+        for sql, args in (
+                ("SELECT sequence FROM signals WHERE recipient = '*' AND sender != ? "
+                 "AND NOT (sender > ? AND sender < ?) ORDER BY sequence DESC LIMIT 1", (agent_id, lo, hi)),
+                ("SELECT max(sequence) FROM signals WHERE recipient = ?", (agent_id,)),
+                ("SELECT max(sequence) FROM signals WHERE recipient > ? AND recipient < ?", (lo, hi))):
+            row = self.conn.execute(sql, args).fetchone()
+            if row is not None and row[0] is not None:
+                best = max(best, int(row[0]))
+        return best
+
+    def hook_redeliveries(self, agent_id, max_offers, cutoff):
+        return self.conn.execute(
+            f"SELECT {_COLS}, d.offers FROM signal_deliveries d JOIN signals s ON s.id = d.signal_id "
+            "WHERE d.agent_id = ? AND d.delivery_method = 'hook' AND d.offers < ? AND d.last_offered_at <= ?"
+            + _UNREAD + " ORDER BY s.sequence", (agent_id, max_offers, cutoff, agent_id)).fetchall()
+
+    def add_deliveries(self, agent_id, signal_ids, stamp, method):
+        self.conn.executemany("INSERT INTO signal_deliveries (signal_id, agent_id, delivered_at, delivery_method, "
+                              "offers, last_offered_at) VALUES (?, ?, ?, ?, 1, ?)",
+                              [(i, agent_id, stamp, method, stamp) for i in signal_ids])
+
+    def reoffer(self, agent_id, signal_ids, stamp):
+        self.conn.executemany("UPDATE signal_deliveries SET offers = offers + 1, last_offered_at = ? "
+                              "WHERE signal_id = ? AND agent_id = ?", [(stamp, i, agent_id) for i in signal_ids])
+
+    def add_reads(self, agent_id, signal_ids, stamp):
+        self.conn.executemany("INSERT OR IGNORE INTO signal_reads (signal_id, agent_id, read_at) VALUES (?, ?, ?)",
+                              [(i, agent_id, stamp) for i in signal_ids])
+
+    # -- the rate limit ------------------------------------------------------------------------------
+    def rate_bucket(self, agent_id):
+        return self.conn.execute("SELECT tokens, updated_at FROM rate_buckets WHERE agent_id = ?",
+                                 (agent_id,)).fetchone()
+
+    def set_rate_bucket(self, agent_id, tokens, updated_at):
+        self.conn.execute("INSERT INTO rate_buckets (agent_id, tokens, updated_at) VALUES (?, ?, ?) "
+                          "ON CONFLICT(agent_id) DO UPDATE SET tokens = excluded.tokens, "
+                          "updated_at = excluded.updated_at", (agent_id, tokens, updated_at))
+
+    # -- the whiteboard ------------------------------------------------------------------------------
+    def whiteboard_set(self, key, value, agent_id, stamp):
+        self.conn.execute("INSERT INTO session_state (key, value, updated_by, updated_at) VALUES (?, ?, ?, ?) "
+                          "ON CONFLICT(key) DO UPDATE SET value = excluded.value, updated_by = excluded.updated_by, "
+                          "updated_at = excluded.updated_at", (key, value, agent_id, stamp))
+
+    def whiteboard_get(self, key):
+        return self.conn.execute("SELECT * FROM session_state WHERE key = ?", (key,)).fetchone()
+
+    def whiteboard_all(self):
+        return self.conn.execute("SELECT * FROM session_state ORDER BY key").fetchall()
+
+    # -- staged memories -----------------------------------------------------------------------------
+    def stage_memory(self, memory_id, agent_id, data, stamp):
+        cursor = self.conn.execute("INSERT OR IGNORE INTO staged_memories (id, agent_id, memory_data, created_at) "
+                                   "VALUES (?, ?, ?, ?)", (memory_id, agent_id, data, stamp))
+        return cursor.rowcount > 0
+
+    def staged_memories(self):
+        return self.conn.execute("SELECT id, agent_id, memory_data, created_at FROM staged_memories "
+                                 "ORDER BY created_at, rowid").fetchall()
+
+    def unstage(self, memory_ids):
+        self.conn.executemany("DELETE FROM staged_memories WHERE id = ?", [(i,) for i in memory_ids])
+
+    def count_staged(self):
+        return int(self.conn.execute("SELECT COUNT(*) FROM staged_memories").fetchone()[0])
+
+
+class SessionStore(base.SessionStore):
+    """An open connection to one session's database; use `write()` and `read()` for transactions."""
+
+    def __init__(self, path: str | os.PathLike, session_id: str, busy_timeout_ms: int):
+        self.path = os.fspath(path)  # a str: the hot paths never load pathlib (paths.StateFiles)
+        self.session_id = session_id
+        self.busy_timeout_ms = busy_timeout_ms
+        self._lock = threading.RLock()
+        self._wrote = False
+        try:
+            # isolation_level=None: we issue BEGIN/COMMIT ourselves; timeout is SQLite's busy timeout.
+            self._conn = sqlite3.connect(str(self.path), timeout=busy_timeout_ms / 1000.0,
+                                         isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise InternalError(f"cannot open session store {self.path}: {exc}") from None
+        self._conn.row_factory = sqlite3.Row
+        _skip_checkpoint_on_close(self._conn)
+
+    # -- opening --------------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, ws, session_id: str, create: bool = False) -> "SessionStore":
+        """Open `sessions/<session_id>/session.db`; NotFoundError when missing and not `create`."""
+        path = ws.files.session_db(session_id)
+        if not os.path.exists(path):
+            if not create:
+                raise NotFoundError(f"unknown session {session_id!r}: no {path}")
+            create_private(path)
+        store = cls(path, session_id, int(ws.config.busy_timeout_ms))
+        try:
+            store._prepare()
+        except BaseException:
+            store.close()
+            raise
+        return store
+
+    def _prepare(self) -> None:
+        conn = self._conn
+        with self._translate():
+            conn.execute("PRAGMA foreign_keys = ON")
+            # WAL commits are durable against a killed process without an fsync per commit; a power
+            # cut may lose the newest transactions (documented in docs/SIGNALS.md).
+            conn.execute("PRAGMA synchronous = NORMAL")
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version >= SCHEMA_VERSION:
+            return
+        if version >= 1:
+            make_private(self.path)  # a store an older synapolis made, maybe readable by everyone
+        with self._translate():
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise InternalError(f"session store {self.path} cannot use WAL mode (got {mode})")
+        migrating = version == 1
+        if migrating:
+            # the clear tokens the update below replaces must not linger in freed space of the file
+            with self._translate():
+                conn.execute("PRAGMA secure_delete = ON")
+        with self.write() as tx:
+            conn = tx.conn
+            # re-checked under the write lock: a racing creator may have done it already
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version < 1:
+                for statement in _statements(_SCHEMA):
+                    conn.execute(statement)
+            if version < 2:
+                _hash_clear_tokens(conn)
+            if version < SCHEMA_VERSION:
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        if migrating:
+            # nor in the pages the WAL has not yet copied over them: copy now (best effort: a busy store
+            # is checkpointed by a later writer, and the files are private by now either way)
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+                conn.execute("PRAGMA secure_delete = OFF")
+
+    # -- transactions ---------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _translate(self):
+        """sqlite3 errors become synapolis errors: locked past the timeout -> BusyError (exit 8)."""
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            if _is_busy(exc):
+                raise BusyError(f"session store {self.path} stayed locked past busy_timeout_ms="
+                                f"{self.busy_timeout_ms}: another process holds a write transaction") from None
+            raise InternalError(f"session store {self.path}: {exc}") from None
+        except sqlite3.DatabaseError as exc:
+            if isinstance(exc, sqlite3.IntegrityError):
+                raise
+            raise InternalError(f"session store {self.path} is damaged or not a database: {exc}") from None
+
+    @contextlib.contextmanager
+    def write(self):
+        """A `BEGIN IMMEDIATE` transaction: committed on success, rolled back on any error."""
+        with self._lock, self._translate():
+            conn = self._conn
+            conn.execute("BEGIN IMMEDIATE")
+            self._wrote = True
+            try:
+                yield SqliteTransaction(conn, self.session_id)
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                raise
+            try:
+                conn.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                raise
+
+    @contextlib.contextmanager
+    def read(self):
+        """A read transaction: one consistent snapshot for every query in the body."""
+        with self._lock, self._translate():
+            conn = self._conn
+            conn.execute("BEGIN")
+            try:
+                yield SqliteTransaction(conn, self.session_id)
+            finally:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("COMMIT")
+
+    def close(self) -> None:
+        with contextlib.suppress(sqlite3.Error):
+            if self._wrote:
+                self._trim_wal()
+            self._conn.close()
+
+    def _trim_wal(self) -> None:
+        """Checkpoint and truncate the WAL once it passes WAL_TRIM_BYTES (see _skip_checkpoint_on_close).
+
+        A process that opens the store first rebuilds the WAL index by reading the whole WAL, and
+        without a close-time checkpoint nobody resets it, so we keep it short ourselves. Briefly:
+        a busy store just skips it, the next closer will do it.
+        """
+        try:
+            size = os.stat(self.path + "-wal").st_size
+        except OSError:
+            return
+        if size < WAL_TRIM_BYTES:
+            return
+        self._conn.execute("PRAGMA busy_timeout = 50")
+        self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+
+
+
+class SqliteStore(base.Store):
+    """The embedded default: one session.db per session, session.json beside it, the rest in files."""
+
+    kind = "sqlite"
+
+    def __init__(self, ws):
+        self.ws = ws
+
+    def open_session(self, session_id: str, create: bool = False) -> SessionStore:
+        return SessionStore.open(self.ws, session_id, create=create)
+
+    def session_signature(self, session_id: str):
+        try:
+            st = os.stat(self.ws.files.session_db(session_id))
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def session_exists(self, session_id: str) -> bool:
+        return os.path.exists(self.ws.files.session_json(session_id))
+
+    def create_session(self, session_id: str, created_at: str) -> bool:
+        from ..atomic import atomic_write_json, locked
+
+        path = self.ws.files.session_json(session_id)
+        with locked(self.ws.paths.lock(f"session.{session_id}")):
+            SessionStore.open(self.ws, session_id, create=True).close()
+            if os.path.exists(path):
+                return False
+            atomic_write_json(path, {"session_id": session_id, "status": "active",
+                                     "created_at": created_at, "ended_at": None})
+        return True
+
+    def read_session(self, session_id: str) -> dict:
+        from ..atomic import read_json
+
+        path = self.ws.files.session_json(session_id)  # a str: hooks read this on every call, without pathlib
+        try:
+            document = read_json(path)
+        except FileNotFoundError:
+            raise NotFoundError(f"unknown session {session_id!r}") from None
+        except (OSError, ValueError) as exc:
+            raise NotFoundError(f"session {session_id!r} has an unreadable session.json ({exc})") from None
+        if not isinstance(document, dict):
+            raise NotFoundError(f"session {session_id!r} has a malformed session.json")
+        return document
+
+    def list_sessions(self) -> list[dict]:
+        from ..errors import UsageError
+
+        folder = self.ws.files.sessions  # plain strings: a beat that names no session looks here, without pathlib
+        try:
+            names = sorted(os.listdir(folder))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        found = []
+        for name in names:
+            if name.startswith(".") or not os.path.isdir(os.path.join(folder, name)):
+                continue
+            try:
+                document = self.read_session(name)
+            except (NotFoundError, UsageError):  # a stray folder or broken file is simply not a session
+                continue
+            found.append(document)
+        return found
+
+    def set_session_status(self, session_id: str, status: str, stamp: str) -> dict:
+        from ..atomic import atomic_write_json, locked
+
+        with locked(self.ws.paths.lock(f"session.{session_id}")):
+            document = self.read_session(session_id)
+            document["status"] = status
+            if status == "ended":
+                document["ended_at"] = stamp
+            else:
+                document["ended_at"] = None
+                document["reopened_at"] = stamp
+            atomic_write_json(self.ws.files.session_json(session_id), document)
+        return document
