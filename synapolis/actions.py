@@ -15,7 +15,7 @@ from .atomic import locked
 from . import signals as sig
 from .errors import (AmbiguousIdentityError, ConflictError, ForbiddenError, NoIdentityError, NotFoundError,
                      SynapolisError, UsageError)
-from .heartbeat import write_heartbeat
+from .heartbeat import check_fields, write_heartbeat
 from .identity import Who
 from .names import (check_text, generate_agent_id, refuse_reserved, validate_agent_id, validate_claim_item,
                     validate_session_id)
@@ -138,11 +138,14 @@ class AgentCall:
             return not sig.has_undelivered(conn, self.agent_id)
 
     def finish(self, result: dict | None = None, conn=None, *, limit: int | None = None,
-               budget_chars: int | None = None) -> dict:
+               budget_chars: int | None = None, best_effort: bool = False) -> dict:
         """Refresh the heartbeat and the registry, and attach the caller's undelivered signals.
 
         With `conn` (a write transaction the verb holds) everything commits together with the verb.
         A coalesced refresh (LongLived) writes neither the registry row nor, when nothing waits, anything.
+        `best_effort` (a verb whose work is done and durable outside the store: claim, release): a busy
+        or failing store costs only the refresh and the piggyback, rolled back so nothing is marked
+        delivered, and the answer says so under `piggyback_skipped`; the verb still succeeds.
         """
         result = {} if result is None else result
         if self.heartbeat is None:
@@ -158,6 +161,13 @@ class AgentCall:
                 return []
             if conn is not None:
                 pending = work(conn)
+            elif best_effort:
+                try:
+                    if not self._nothing_to_write():
+                        with self.store.write() as c:
+                            pending = work(c)
+                except SynapolisError as exc:
+                    pending, result["piggyback_skipped"] = [], exc.message
             elif not self._nothing_to_write():
                 with self.store.write() as c:
                     pending = work(c)
@@ -244,12 +254,13 @@ class LongLived:
         the call or the environment. identity.json (which may lend the run token) is part of the key by
         its signature; a resolution that needs identity.json's agent or a session search is never kept."""
         who = who or Who()
-        env = os.environ if env is None else env
+        env = {} if who.named_only else os.environ if env is None else env
         names = (who.agent_id, who.session_id, who.run_token, env.get(identity.ENV_AGENT) or None,
                  env.get(identity.ENV_SESSION) or None, env.get(identity.ENV_TOKEN) or None)
         if (names[0] or names[3]) is None or (names[1] or names[4]) is None:
             return identity.resolve(ws, who, env=env, required=required, need_session=need_session, now=now)
-        key = (os.fspath(ws.paths.root), names, required, need_session, file_signature(ws.paths.identity))
+        key = (os.fspath(ws.paths.root), names, who.named_only, required, need_session,
+               file_signature(ws.paths.identity))
         caller = self._callers.get(key)
         if caller is None:
             caller = identity.resolve(ws, who, env=env, required=required, need_session=need_session, now=now)
@@ -420,7 +431,7 @@ def as_agent(ws, who: Who | None = None, *, env=None, piggyback: bool = True, me
 def _who(who: Who | None, session_id: str | None = None) -> Who:
     who = who or Who()
     if session_id is not None:
-        return Who(who.agent_id, session_id, who.run_token)
+        return Who(who.agent_id, session_id, who.run_token, who.named_only)
     return who
 
 
@@ -540,6 +551,7 @@ def beat(ws, who: Who | None = None, *, status: str | None = None, task: str | N
     """Write the caller's heartbeat (default status active) and its registry row; an agent in no session
     still gets its heartbeat file."""
     env = os.environ if env is None else env
+    check_fields(status=status, task=task, note=note, ttl_s=ttl_s)  # before anything is written (§2)
     with as_agent(ws, who, env=env, piggyback=piggyback, method=method, need_session=False,
                   need_registration=False, now=now) as call:
         fields = {"status": status or "active"}
@@ -615,16 +627,28 @@ def signals_pending(ws, who: Who | None = None, *, env=None, method: str = "poll
             return call.finish({}, conn, limit=limit, budget_chars=budget_chars)
 
 
-def inbox(ws, session_id: str, agent_id: str, *, method: str = "push", now: datetime | None = None) -> dict:
-    """The MCP inbox resource: the agent's unread signals; those not yet delivered are marked with `method`."""
+def inbox(ws, who: Who | None, session_id: str, agent_id: str, *, env=None, method: str = "push",
+          now: datetime | None = None) -> dict:
+    """The MCP inbox resource: the caller's own unread signals; those not yet delivered are marked with `method`.
+
+    Only the agent itself may read it, proven as for any verb (its run token included): the read marks
+    signals delivered, so anyone else's read would steal the delivery. A stranger gets ForbiddenError, and
+    nothing is marked.
+    """
     validate_session_id(session_id)
     validate_agent_id(agent_id)
-    now = _now(now)
-    with open_session(ws, session_id) as store, store.write() as conn:
-        if agent_row(conn, agent_id) is None:
-            raise NotFoundError(f"agent {agent_id!r} is not registered in session {session_id!r}")
-        sig.drain(conn, agent_id, method, now, ws.config)
-        return {"signals": sig.unread(conn, agent_id)}
+    who = who or Who()
+    refusal = f"the inbox of {agent_id} in session {session_id} is read only by that agent itself"
+    if who.agent_id is not None and who.agent_id != agent_id:
+        raise ForbiddenError(refusal)
+    with as_agent(ws, _who(who, session_id), env=env, piggyback=False, now=now) as call:
+        if (call.agent_id, call.session_id) != (agent_id, session_id):
+            raise ForbiddenError(refusal)
+        with call.store.write() as conn:
+            sig.drain(conn, agent_id, method, call.now, ws.config)
+            result = call.finish({"signals": sig.unread(conn, agent_id)}, conn)
+    del result["pending_signals"]
+    return result
 
 
 def follow_signals(ws, who: Who | None = None, *, unread_only: bool = True, limit: int | None = None, env=None,
@@ -745,9 +769,13 @@ def list_agents(ws, who: Who | None = None, *, session_id: str | None = None, en
 
 def note(ws, who: Who | None, text: str, *, env=None, piggyback: bool = True, now: datetime | None = None) -> dict:
     """Append to the session's notes bus."""
+    board.check_note(text, ws.config)
     with as_agent(ws, who, env=env, piggyback=piggyback, now=now) as call:
-        record = board.append_note(ws, call.session_id, call.agent_id, text, call.now)
-        return call.finish({"note": record})
+        call.beat_now()  # outside the locks: the file write need not serialize writers
+        # all or nothing: the store's write lock first (busy: nothing appended, exit 8), and a failure
+        # after the append (the commit) takes the note back, so a retry never duplicates it
+        with board.note_appender(ws, call.session_id) as add, call.store.write() as conn:
+            return call.finish({"note": add(call.agent_id, text, call.now)}, conn)
 
 
 def read_notes(ws, who: Who | None = None, *, session_id: str | None = None, limit: int = 50, env=None,
@@ -803,9 +831,11 @@ def claim(ws, who: Who | None, item: str, *, ttl_s: float | None = None, wait_s:
     claims.check_wait(wait_s)
     with as_agent(ws, who, env=env, piggyback=piggyback, need_session=False, need_registration=False,
                   now=now) as call:
+        call.beat_now()  # first: a refresh that fails (a full disk) leaves the claim untouched
         record = claims.claim(ws, item, call.agent_id, session_id=call.session_id, ttl_s=ttl_s, wait_s=wait_s,
                               now=now)
-        return call.finish({"claim": dict(record), "event": getattr(record, "event", None)})
+        # the claim happened: a busy store only costs the piggyback, never the verb's exit code
+        return call.finish({"claim": dict(record), "event": getattr(record, "event", None)}, best_effort=True)
 
 
 def release(ws, who: Who | None, item: str, *, force: bool = False, reason: str | None = None, env=None,
@@ -817,8 +847,9 @@ def release(ws, who: Who | None, item: str, *, force: bool = False, reason: str 
     claims.check_force(force, reason)
     with as_agent(ws, who, env=env, piggyback=piggyback, need_session=False, need_registration=False,
                   now=now) as call:
+        call.beat_now()  # first: a refresh that fails (a full disk) leaves the claim untouched
         record = claims.release(ws, item, call.agent_id, force=force, reason=reason, now=now)
-        return call.finish({"claim": dict(record), "event": getattr(record, "event", None)})
+        return call.finish({"claim": dict(record), "event": getattr(record, "event", None)}, best_effort=True)
 
 
 def list_claims(ws, who: Who | None = None, *, env=None, piggyback: bool = True, now: datetime | None = None) -> dict:

@@ -11,7 +11,7 @@ import threading
 import time
 from datetime import datetime, timedelta
 
-from .atomic import append_jsonl, atomic_write_json, json_files, read_json, read_json_or
+from .atomic import JsonlLog, atomic_write_json, json_files, open_regular, read_json, read_json_or, restorable
 from .errors import (BusyError, ConflictError, ForbiddenError, InternalError, NotFoundError, StaleToken,
                      SynapolisError, UsageError)
 from .names import check_text, validate_agent_id, validate_claim_item, validate_session_id
@@ -115,7 +115,8 @@ def _high_water(ws, item: str, record: dict | None) -> int:
     needle = json.dumps(item, ensure_ascii=False).encode("utf-8")
     best = 0
     try:
-        with open(ws.paths.claims_log, "rb") as handle:
+        # a FIFO or device planted as the log is never opened (open_regular), so this never hangs
+        with open(open_regular(ws.paths.claims_log), "rb") as handle:
             for line in handle:
                 if needle not in line:
                     continue
@@ -126,7 +127,7 @@ def _high_water(ws, item: str, record: dict | None) -> int:
                 token = event.get("token") if isinstance(event, dict) else None
                 if event.get("item") == item and isinstance(token, int) and not isinstance(token, bool):
                     best = max(best, token)
-    except FileNotFoundError:
+    except OSError:  # missing, or not a regular file: no history to go by
         pass
     return best
 
@@ -195,11 +196,16 @@ def _push(record: dict, transition: dict) -> None:
 
 
 def _commit(ws, path, record: dict, transition: dict) -> None:
-    """Persist the record (the token's high-water mark) first, then log the event."""
+    """Persist the record (the token's high-water mark) and log its event: both or neither.
+
+    The event log is locked first, so a busy log (BusyError) changes nothing; if the event cannot be
+    appended (a full disk, a file-size limit) the old claim file is put back (atomic.restorable).
+    """
     _push(record, transition)
-    atomic_write_json(path, record)
-    append_jsonl(ws.paths.claims_log, {"at": transition["at"], "item": record["item"],
-                                      **{k: v for k, v in transition.items() if k != "at"}})
+    event = {"at": transition["at"], "item": record["item"], **{k: v for k, v in transition.items() if k != "at"}}
+    with JsonlLog(ws.paths.claims_log, timeout=ws.config.busy_timeout_ms / 1000.0) as log, restorable(path):
+        atomic_write_json(path, record)
+        log.append(event)
 
 
 class Claim(dict):

@@ -10,8 +10,8 @@ import subprocess
 from pathlib import Path
 
 from . import hook_install
-from .atomic import TEMP_PREFIX, TEMP_SUFFIX, old_temp_files
-from .config import check_config
+from .atomic import TEMP_PREFIX, TEMP_SUFFIX, old_temp_files, read_bytes
+from .config import check_config, notify_problems
 from .errors import UsageError
 from .paths import CONFIG_NAME
 
@@ -143,7 +143,7 @@ def check_config_and_schemas(root: Path) -> list[dict]:
         results.append(finding("config", OK, f"no {CONFIG_NAME} yet: the defaults apply"))
         return results
     try:
-        document = json.loads(config_path.read_bytes().decode("utf-8"))
+        document = json.loads(read_bytes(config_path).decode("utf-8"))  # bounded, never a FIFO or device
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # Recursion: nested too deeply
         results.append(finding("config", FAIL, f"{config_path} is not valid JSON ({exc})",
                                f"fix the file by hand, or move it away and run `synapolis --state-dir {root} init`"))
@@ -151,6 +151,7 @@ def check_config_and_schemas(root: Path) -> list[dict]:
     problems = check_config(document)
     if not problems and "config" in schemas.SCHEMA_FILES and not broken:
         problems = [f"{e['pointer'] or '/'}: {e['message']}" for e in schemas.validation_errors("config", document)]
+    problems += notify_problems(document)
     if problems:
         results.append(finding("config", FAIL, f"{config_path}: " + "; ".join(problems),
                                "correct those keys (contract §1 lists every key and its default)"))

@@ -71,12 +71,18 @@ class _Record:
 
 
 class Who(_Record):
-    """What the caller named explicitly (CLI options, MCP arguments)."""
+    """What the caller named explicitly (CLI options, MCP arguments).
 
-    __slots__ = ("agent_id", "session_id", "run_token")
+    `named_only`: a remote caller (the HTTP server's clients): only what it names counts; neither the
+    environment nor identity.json (which belong to the server's machine) is consulted, nor lends a token.
+    """
 
-    def __init__(self, agent_id: str | None = None, session_id: str | None = None, run_token: str | None = None):
+    __slots__ = ("agent_id", "session_id", "run_token", "named_only")
+
+    def __init__(self, agent_id: str | None = None, session_id: str | None = None, run_token: str | None = None,
+                 named_only: bool = False):
         self.agent_id, self.session_id, self.run_token = agent_id, session_id, run_token
+        self.named_only = named_only
 
 
 class Caller(_Record):
@@ -156,7 +162,7 @@ def resolve(ws, who: Who | None = None, env=None, required: bool = True, need_se
     Names are validated (UsageError, exit 2) before anything is written.
     """
     who = who or Who()
-    env = os.environ if env is None else env
+    env = {} if who.named_only else os.environ if env is None else env
     for value, what in ((who.agent_id, "agent id"), (who.session_id, "session id")):
         if value is not None:
             (validate_agent_id if what == "agent id" else validate_session_id)(value, what)
@@ -174,7 +180,7 @@ def resolve(ws, who: Who | None = None, env=None, required: bool = True, need_se
     elif env_agent is not None:
         agent, source = env_agent, "env"
     else:
-        ident = read_identity_file(ws)
+        ident = None if who.named_only else read_identity_file(ws)
         agent, source = (ident["agent_id"], "identity.json") if ident else (None, None)
     if agent is None:
         if not required:
@@ -193,7 +199,7 @@ def resolve(ws, who: Who | None = None, env=None, required: bool = True, need_se
                 return None
             raise
 
-    if ident is None:
+    if ident is None and not who.named_only:
         ident = read_identity_file(ws)
     ident_matches = ident is not None and ident.get("agent_id") == agent
     ident_session = ident.get("session_id") if ident_matches and isinstance(ident.get("session_id"), str) else None

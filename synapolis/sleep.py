@@ -8,7 +8,7 @@ import os
 import unicodedata
 from datetime import datetime
 
-from .atomic import append_jsonl, locked, read_jsonl
+from .atomic import append_jsonl, locked, open_regular, read_jsonl
 from .errors import UsageError
 from .names import validate_agent_id
 from .timeutil import format_ts, parse_ts, utcnow
@@ -278,7 +278,9 @@ class LedgerReader:
 
     def catch_up(self) -> LedgerHoldings:
         try:
-            handle = open(self.path, "rb")
+            # never a FIFO or a device where the ledger belongs: open_regular refuses them (a FIFO would
+            # hang the merge, /dev/zero exhaust memory), and the merge then fails before clearing anything
+            handle = open(open_regular(self.path), "rb")
         except FileNotFoundError:
             self.__init__(self.path)
             return self.holdings
@@ -316,7 +318,9 @@ def append_to_ledger(paths, merged: list[dict], *, session_id: str, merged_by: s
     with locked(paths.lock("memory-ledger")):
         fresh, held = reader.catch_up().split(stamped)
         if fresh:
-            append_jsonl(paths.memory_ledger, *fresh)
+            # every line whole, fsynced and read back, or none and an error: the caller clears the
+            # staged memories only after this returns
+            append_jsonl(paths.memory_ledger, *fresh, verify=True)
     return fresh, held
 
 

@@ -119,3 +119,139 @@ def db_rows(ws):
         finally:
             conn.close()
     return rows
+
+
+# -- MCP clients ---------------------------------------------------------------------------------
+
+def ts_sdk1_check(result, output_schema) -> None:
+    """Check a tool result the way a TypeScript MCP SDK 1.x client does before the model sees it
+    (`Client.callTool`): a tool with an output schema must return structured content unless the result is
+    an error, and structured content, when present, must match the schema even on an error. Raises
+    AssertionError with the message such a client would show the model instead of the result."""
+    import jsonschema
+
+    if not output_schema:
+        return
+    structured = result.structured_content
+    if structured is None:
+        assert result.is_error, "-32602 Tool has an output schema but did not return structured content"
+        return
+    validator = jsonschema.validators.validator_for(output_schema)(output_schema)
+    problems = [e.message for e in validator.iter_errors(structured)]
+    assert not problems, f"-32602 Structured content does not match the tool's output schema: {problems}"
+
+
+# -- processes under hostile conditions (tests/test_integrity.py, test_hostile_files.py, test_faults.py) ---
+
+def synapolis_cmd(state_dir, *args) -> list[str]:
+    """The CLI as a real process of this interpreter, on `state_dir`."""
+    return [sys.executable, "-m", "synapolis", "--state-dir", str(state_dir), *map(str, args)]
+
+
+def run_limited(state_dir, *args, fsize: int | None = None, memory: int | None = None, input=None,
+                timeout: float = 60, env=None) -> subprocess.CompletedProcess:
+    """Run the CLI with RLIMIT_FSIZE `fsize` (no file may grow past that many bytes; SIGXFSZ ignored, so a
+    write past it fails with EFBIG as on a quota) and RLIMIT_AS `memory` (a reader that tried to take in
+    /dev/zero fails fast instead of swapping the machine); the CompletedProcess (text)."""
+    import resource
+    import signal as signals
+
+    def limits():
+        if fsize is not None:
+            signals.signal(signals.SIGXFSZ, signals.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+        if memory is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+
+    return subprocess.run(synapolis_cmd(state_dir, *args), input=input, capture_output=True, text=True,
+                          timeout=timeout, env=_cli_env(env), preexec_fn=limits)
+
+
+class Holder:
+    """A child process holding something until the `with` ends: `Holder.store(db)` a write transaction
+    on a session store, `Holder.flock(path)` an exclusive flock on a file (a lock, or a log itself)."""
+
+    _STORE = ("import sqlite3, sys, time\n"
+              "conn = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+              "conn.execute('BEGIN IMMEDIATE')\n"
+              "print('holding', flush=True)\n"
+              "time.sleep(120)\n")
+    _FLOCK = ("import fcntl, os, sys, time\n"
+              "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+              "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+              "print('holding', flush=True)\n"
+              "time.sleep(120)\n")
+
+    def __init__(self, script: str, target):
+        self.proc = subprocess.Popen([sys.executable, "-c", script, str(target)], stdout=subprocess.PIPE, text=True,
+                                     env=_cli_env())
+
+    @classmethod
+    def store(cls, db_path) -> "Holder":
+        return cls(cls._STORE, db_path)
+
+    @classmethod
+    def flock(cls, path) -> "Holder":
+        return cls(cls._FLOCK, path)
+
+    def __enter__(self):
+        assert self.proc.stdout.readline().strip() == "holding"
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+def jsonl_is_whole(path) -> list[dict]:
+    """Every line of a JSON-lines file, asserting none is torn: each parses and the file ends in a newline."""
+    if not os.path.exists(path):
+        return []
+    raw = open(path, "rb").read()
+    assert raw == b"" or raw.endswith(b"\n"), f"{path} ends in a torn line: {raw[-80:]!r}"
+    return [json.loads(line) for line in raw.splitlines() if line.strip()]
+
+
+def pad_jsonl(path, size: int, record: dict | None = None) -> None:
+    """Grow a JSON-lines file with whole, valid lines to `size` bytes (when it is smaller)."""
+    record = record or {"pad": "x" * 900}
+    line = (json.dumps(record) + "\n").encode()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "ab") as handle:
+        have = handle.tell()
+        handle.write(line * max(0, (size - have) // len(line)))
+        rest = size - handle.tell() - len('{"pad":""}\n')
+        if rest >= 0:  # one shorter line to land on `size` exactly
+            handle.write(('{"pad":"' + "x" * rest + '"}\n').encode())
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 2 MiB tmpfs mounted for this test (root only; skipped with the reason otherwise): a disk that fills."""
+    import shutil
+
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a small tmpfs needs root and mount(8)")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=0755", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def fill_to(folder, free_bytes: int) -> None:
+    """Fill the filesystem of `folder` until about `free_bytes` are left (a file named filler)."""
+    filler = os.path.join(folder, "filler")
+    stats = os.statvfs(folder)
+    free = stats.f_bavail * stats.f_frsize
+    with open(filler, "ab") as handle:
+        try:
+            handle.write(b"\0" * max(0, free - free_bytes))
+            handle.flush()
+        except OSError:
+            pass

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 
 from conftest import NOW
-from synapolis import actions, board
+from synapolis import actions, atomic, board
 from synapolis.errors import NotFoundError, UsageError
 from synapolis.identity import Who
 
@@ -91,7 +91,7 @@ def test_notes_survive_a_torn_line(ws, pair):
 
 def test_last_seq_reads_across_blocks(tmp_path):
     path = tmp_path / "notes.jsonl"
-    big = "y" * (board._TAIL_BLOCK + 100)
+    big = "y" * (atomic.TAIL_BLOCK + 100)
     path.write_text(json.dumps({"seq": 41, "text": big}) + "\n" + json.dumps({"seq": 42, "text": big}) + "\n")
     assert board._last_seq(path) == 42
     assert board._last_seq(tmp_path / "missing.jsonl") == 0

@@ -90,14 +90,28 @@ def test_inbox_push(ws, pair, db_rows):
     actions.signal(ws, alice, "bob", "one", env={}, now=NOW)
     actions.beat(ws, bob, env={}, now=NOW)  # delivers "one" by piggyback
     actions.signal(ws, alice, "bob", "two", env={}, now=NOW)
-    box = actions.inbox(ws, bob.session_id, "bob", now=NOW)
+    box = actions.inbox(ws, bob, bob.session_id, "bob", env={}, now=NOW)
     assert [s["content"] for s in box["signals"]] == ["one", "two"]
     methods = {r["content"]: r["delivery_method"] for r in deliveries(db_rows, bob)}
     assert methods == {"one": "piggyback", "two": "push"}
-    from synapolis.errors import NotFoundError
 
-    with pytest.raises(NotFoundError):
-        actions.inbox(ws, bob.session_id, "nobody", now=NOW)
+
+def test_inbox_of_another_agent_is_refused_and_marks_nothing(ws, pair, db_rows):
+    from synapolis.errors import AmbiguousIdentityError, ForbiddenError, NoIdentityError
+
+    alice, bob = pair
+    actions.signal(ws, alice, "bob", "for bob only", env={}, now=NOW)
+    with pytest.raises(ForbiddenError):  # alice names herself, but asks for bob's inbox
+        actions.inbox(ws, alice, bob.session_id, "bob", env={}, now=NOW)
+    with pytest.raises(ForbiddenError):  # someone claims to be bob: a wrong run token proves they are not
+        actions.inbox(ws, Who("bob", bob.session_id, "0" * 32), bob.session_id, "bob", env={}, now=NOW)
+    with pytest.raises(NoIdentityError):  # a remote caller that named nobody
+        actions.inbox(ws, Who(named_only=True), bob.session_id, "bob", env={}, now=NOW)
+    with pytest.raises(AmbiguousIdentityError):  # nobody named, and identity.json cannot say who of two
+        actions.inbox(ws, None, bob.session_id, "bob", env={}, now=NOW)
+    assert deliveries(db_rows, bob) == []
+    assert [s["content"] for s in actions.signals_pending(ws, bob, env={}, now=NOW)["pending_signals"]] \
+        == ["for bob only"]
 
 
 def test_drain_limit_and_budget_mark_only_what_they_return(ws, pair, db_rows):

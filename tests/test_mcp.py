@@ -16,6 +16,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning")
 
 from mcp import Client, MCPError  # noqa: E402
 
+from conftest import ts_sdk1_check  # noqa: E402
 from synapolis import actions  # noqa: E402
 from synapolis.identity import Who  # noqa: E402
 from synapolis.mcp.server import create_server  # noqa: E402
@@ -42,15 +43,24 @@ async def ok(client, tool, **args) -> dict:
     return data
 
 
+_SCHEMAS: dict = {}
+
+
+async def output_schema(client, tool):
+    if not _SCHEMAS:
+        _SCHEMAS.update({t.name: t.output_schema for t in (await client.list_tools()).tools})
+    return _SCHEMAS.get(tool)
+
+
 async def fails(client, tool, type_name, exit_code, **args) -> str:
-    """Call a tool that must fail with the contract's error; its one-line message."""
+    """Call a tool that must fail with the contract's error; its one-line message, which is what a
+    TypeScript SDK 1.x client shows the model too (no structured content breaking the output schema)."""
     result = await client.call_tool(tool, args)
     assert result.is_error, result.structured_content
     text = result.content[0].text
     assert text.startswith(f"{type_name} (exit {exit_code}): "), text
     assert "\n" not in text and "Traceback" not in text
-    assert result.structured_content["error"]["type"] == type_name
-    assert result.structured_content["error"]["exit_code"] == exit_code
+    ts_sdk1_check(result, await output_schema(client, tool))
     return text
 
 
@@ -459,4 +469,88 @@ def test_nasty_inputs_never_crash_the_server(server, mode):
             got = await ok(b, "read_signals")
             assert got["signals"][0]["content"] == unicode["signal"]["content"]
             assert (await ok(b, "beat"))["heartbeat"]["agent_id"] == "bob"
+    run(main)
+
+
+# -- what independent clients see (issue 12) and who may read an inbox (issue 11) ----------------------
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_error_from_every_tool_reaches_a_typescript_1x_client_as_our_line(server, mode):
+    """Each tool that can fail, failing: the result passes a TS SDK 1.x client's output-schema check, so
+    the model reads '<Type> (exit N): message' and not '-32602 Structured content does not match'."""
+    failing = {
+        "start_session": ("UsageError", 2, {"agent_id": "a/../b"}),
+        "beat": ("UsageError", 2, {"status": "bogus"}),
+        "signal": ("NotFoundError", 6, {"to": "nobody", "content": "x"}),
+        "read_signals": ("UsageError", 2, {"limit": 0}),
+        "ack_signals": ("NotFoundError", 6, {"signal_ids": ["deadbeefdeadbeef"]}),
+        "signals_pending": ("ForbiddenError", 7, {"run_token": "wrong"}),
+        "read_notes": ("NotFoundError", 6, {"session_id": "no-such-session"}),
+        "note": ("UsageError", 2, {"text": "x" * 70000}),
+        "list_agents": ("NotFoundError", 6, {"session_id": "no-such-session"}),
+        "write_whiteboard": ("UsageError", 2, {"key": "", "value": "v"}),
+        "read_whiteboard": ("NotFoundError", 6, {"key": "never-written"}),
+        "tired": ("UsageError", 2, {"memories": "{not json"}),
+        "claim": ("UsageError", 2, {"item": "../etc/passwd"}),
+        "release": ("NotFoundError", 6, {"item": "ticket:1"}),
+        "claim_check": ("NotFoundError", 6, {"item": "ticket:999", "token": 1}),
+    }
+    assert set(failing) == TOOLS
+
+    async def main():
+        async with Client(server(), mode=mode) as a:
+            await ok(a, "start_session", agent_id="alice")
+            schemas = {t.name: t.output_schema for t in (await a.list_tools()).tools}
+            for tool, (type_name, code, args) in failing.items():
+                result = await a.call_tool(tool, args)
+                assert result.is_error and result.structured_content is None, tool
+                assert result.content[0].text.startswith(f"{type_name} (exit {code}): "), (tool, result.content)
+                ts_sdk1_check(result, schemas[tool])
+            # and a success still carries structured content that passes the same check
+            ts_sdk1_check(await a.call_tool("beat", {}), schemas["beat"])
+    run(main)
+
+
+def test_hints_and_capabilities_say_only_what_is_true(server):
+    async def main():
+        async with Client(server(), mode=LEGACY) as c:
+            tools = {t.name: t for t in (await c.list_tools()).tools}
+            read_only = {n for n, t in tools.items() if t.annotations and t.annotations.read_only_hint}
+            assert read_only == {"claim_check"}  # every other tool refreshes a heartbeat or marks delivery
+            caps = c.server_capabilities
+            assert caps.prompts is None and caps.tools is not None and caps.resources is not None
+            templates = (await c.list_resource_templates()).resource_templates
+            assert {t.name for t in templates} == {"inbox", "notes"}
+            for t in templates:
+                assert "{" not in t.description and "}" not in t.description, t.description
+    run(main)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_inbox_resource_read_by_a_stranger_is_refused_and_marks_nothing(server, state_dir, db_rows, mode):
+    async def main():
+        async with alice_and_bob(server, mode) as (a, b, session):
+            await ok(a, "signal", to="bob", content="for bob only")
+            async with Client(server(), mode=mode) as stranger:  # never started as anyone
+                for reader in (a, stranger):
+                    with pytest.raises(MCPError) as refused:
+                        await reader.read_resource(inbox_uri(session, "bob"))
+                    assert "exit 7" in str(refused.value) or "exit 4" in str(refused.value), refused.value
+            assert db_rows(session, "SELECT * FROM signal_deliveries WHERE agent_id = 'bob'") == []
+            got = await ok(b, "signals_pending")
+            assert [s["content"] for s in got["pending_signals"]] == ["for bob only"]
+    run(main)
+
+
+def test_two_clients_of_one_server_never_act_as_each_other(server):
+    """Identity lives with the client's connection, not the process: one server, two clients."""
+    async def main():
+        shared = server()
+        async with Client(shared, mode=LEGACY) as a, Client(shared, mode=LEGACY) as b:
+            session = (await ok(a, "start_session", agent_id="alice"))["session_id"]
+            await ok(b, "start_session", agent_id="bob", session_id=session)
+            assert (await ok(a, "beat"))["heartbeat"]["agent_id"] == "alice"
+            assert (await ok(b, "beat"))["heartbeat"]["agent_id"] == "bob"
+            assert (await ok(a, "signal", to="bob", content="hi"))["signal"]["sender"] == "alice"
+            assert (await ok(b, "note", text="mine"))["note"]["agent_id"] == "bob"
     run(main)

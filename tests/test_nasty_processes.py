@@ -77,7 +77,7 @@ def test_every_verb_on_a_locked_store_is_exit_8_and_hooks_exit_0(ws, cli, sessio
     with Holder(_DB_HOLDER, ws.paths.session_db(session)):
         # (signal, ack-signals and start: tests/test_signals_processes.py)
         for args in (["beat", *alice], ["read-signals", *alice], ["whiteboard-write", "k", "v", *alice],
-                     ["release", "item", *alice], ["tired", *alice]):
+                     ["tired", *alice]):
             out, took = timed(cli, *args, "--json")
             assert out.returncode == 8, (args, out.stderr)
             assert json.loads(out.stdout)["error"]["type"] == "BusyError" and "Traceback" not in out.stderr
@@ -86,6 +86,7 @@ def test_every_verb_on_a_locked_store_is_exit_8_and_hooks_exit_0(ws, cli, sessio
                               input=json.dumps({"session_id": "conv", "hook_event_name": "UserPromptSubmit"}),
                               capture_output=True, text=True, timeout=60, env=_env())
         assert hook.returncode == 0 and json.loads(hook.stdout) == {} and "locked" in hook.stderr
+    # (claim and release are done outside the store and succeed: tests/test_integrity.py)
     # nothing was half-done: the claim is still alice's, the store answers again
     assert json.loads(cli("claims", "--json").stdout)["claims"][0]["claimed_by"] == "alice"
     assert cli("note", "after", *alice).returncode == 0
@@ -138,7 +139,7 @@ def test_a_fifo_where_a_state_file_belongs_never_blocks(ws, cli, session):
     ws.paths.config.unlink()
     os.mkfifo(ws.paths.config)
     out, took = timed(cli, "beat", "--agent-id", "alice")
-    assert out.returncode == 2 and "not valid JSON" in out.stderr and took < 30
+    assert out.returncode == 2 and "not a regular file" in out.stderr and took < 30
 
 
 _WRITER = """

@@ -42,7 +42,7 @@ def _content(value: str, ws) -> str:
 @click.option("--new-session", is_flag=True, help="Always create a new session.")
 @click.option("--export", "export", is_flag=True, help="Print `export SYNAPOLIS_...=...;` lines for eval.")
 @identity_options
-@pass_workspace(create=True)
+@pass_workspace(create=False)  # the verb creates it after checking the names (§2)
 def start_cmd(ws, harness, substrate, conversation_id, new_session, export, agent_id, session_id, run_token,
               no_piggyback, as_json):
     """Register this agent in a session (joining the only active one, or creating one) and write identity.json.
@@ -74,7 +74,7 @@ def start_cmd(ws, harness, substrate, conversation_id, new_session, export, agen
 @click.option("--ttl", type=float, default=None, help="Seconds until this heartbeat counts as stale.")
 @click.option("--note", default=None, help="A note for this beat only.")
 @agent_options
-@pass_workspace(create=True)
+@pass_workspace(create=False)  # the verb creates it after checking the names (§2)
 def beat_cmd(ws, status, task, ttl, note, who, piggyback, as_json):
     """Write this agent's heartbeat atomically and refresh its registry row in the session.
 
@@ -114,7 +114,7 @@ def list_agents_cmd(ws, who, piggyback, as_json):
 @click.option("--sender-id", default=None, help="Send as a sub-agent of the caller (caller.sub).")
 @click.option("--reply-to", default=None, help="The signal this answers (full id or unique 8+ prefix).")
 @agent_options
-@pass_workspace(create=True)
+@pass_workspace(create=False)  # the verb creates it after checking the names (§2)
 def signal_cmd(ws, to, content, type_, sender_id, reply_to, who, piggyback, as_json):
     """Send a signal to an agent, a sub-agent (a.b) or everyone (*); CONTENT '-' reads stdin.
 
@@ -167,7 +167,7 @@ def read_signals_cmd(ws, mode, limit, follow, who, piggyback, as_json):
 @click.argument("ids", required=False, default=None)
 @click.option("--all", "all_", is_flag=True, help="Ack every unread signal you can see.")
 @agent_options
-@pass_workspace(create=True)
+@pass_workspace(create=False)  # the verb creates it after checking the names (§2)
 def ack_signals_cmd(ws, ids, all_, who, piggyback, as_json):
     """Mark signals read: comma-separated full ids or unique prefixes of 8+ characters.
 
@@ -181,7 +181,7 @@ def ack_signals_cmd(ws, ids, all_, who, piggyback, as_json):
 
 @click.command("signals-pending")
 @agent_options
-@pass_workspace(create=True)
+@pass_workspace(create=False)  # the verb creates it after checking the names (§2)
 def signals_pending_cmd(ws, who, piggyback, as_json):
     """Deliver your undelivered signals now (method poll); they stay unread until acked.
 
@@ -194,7 +194,7 @@ def signals_pending_cmd(ws, who, piggyback, as_json):
 @click.command("note")
 @click.argument("text")
 @agent_options
-@pass_workspace(create=True)
+@pass_workspace(create=False)  # the verb creates it after checking the names (§2)
 def note_cmd(ws, text, who, piggyback, as_json):
     """Append a note to the session's notes bus; TEXT '-' reads stdin.
 
@@ -222,7 +222,7 @@ def read_notes_cmd(ws, limit, who, piggyback, as_json):
 @click.argument("key")
 @click.argument("value")
 @agent_options
-@pass_workspace(create=True)
+@pass_workspace(create=False)  # the verb creates it after checking the names (§2)
 def whiteboard_write_cmd(ws, key, value, who, piggyback, as_json):
     """Set a key on the session's shared whiteboard (last writer wins); VALUE '-' reads stdin.
 

@@ -55,7 +55,7 @@ def tired_text(d: dict) -> list[str]:
 @click.option("--memories", "memories_source", metavar="FILE|-", default=None,
               help="What you learned: a JSON array of strings or {text, key, tags} objects, or JSON lines; '-' reads stdin.")
 @agent_options
-@pass_workspace(create=True)
+@pass_workspace(create=False)  # the verb creates it after checking the names (§2)
 def tired_cmd(ws, memories_source, who, piggyback, as_json):
     """Go idle, stage your memories, and, if you are the last active agent, merge them all.
 

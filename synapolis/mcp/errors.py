@@ -15,9 +15,13 @@ def error_line(error: SynapolisError) -> str:
 
 
 def error_result(error: SynapolisError) -> types.CallToolResult:
-    """A tool error carrying the contract's one-line message, and its JSON shape as structured content."""
-    return types.CallToolResult(content=[types.TextContent(type="text", text=error_line(error))],
-                                structured_content=error.to_json(), is_error=True)
+    """A tool error: the contract's one-line message as its only content.
+
+    No structured content: it would have to match the tool's output schema, and TypeScript SDK 1.x clients
+    (Gemini CLI, the Inspector) validate it even on errors, showing the model a schema error instead of
+    ours (issue 12).
+    """
+    return types.CallToolResult(content=[types.TextContent(type="text", text=error_line(error))], is_error=True)
 
 
 def _validation_message(exc: ValidationError) -> str:

@@ -121,5 +121,8 @@ def create_server(state_dir, env=None, *, force_polling: bool = False, fast: boo
     tools.register_tools(server, state)
     tools.register_resources(server, state)
     tools.register_subscriptions(server, state)
+    # no prompts: advertising the capability makes clients ask for a list that is always empty
+    for method in ("prompts/list", "prompts/get"):
+        server._lowlevel_server._request_handlers.pop(method, None)
     return server
 

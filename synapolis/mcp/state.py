@@ -14,8 +14,10 @@ from typing import Any
 import anyio
 import anyio.from_thread
 from mcp.server.subscriptions import InMemorySubscriptionBus, ResourceUpdated
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from .. import actions
+from ..errors import ForbiddenError
 from ..paths import CONFIG_NAME
 from ..workspace import Workspace
 from . import watch
@@ -27,20 +29,62 @@ MAX_KEPT = 16  # sessions whose database one server holds open (LongLived pools)
 
 @dataclass
 class Remembered:
+    """The identity start_session gave one client, for its later calls; `principal` is the token it came with."""
+
     agent_id: str
     session_id: str
     run_token: str | None
+    principal: str | None = None
 
+
+class Principal:
+    """Who is at the other end of a transport, as the transport proved it: a local stdio client (the harness
+    that started this process), or an HTTP client by its token (name, the agent it is pinned to, read-only)."""
+
+    __slots__ = ("name", "agent_id", "read_only", "remote")
+
+    def __init__(self, name: str | None, agent_id: str | None = None, read_only: bool = False,
+                 remote: bool = True):
+        self.name, self.agent_id, self.read_only, self.remote = name, agent_id, read_only, remote
+
+    def acting_as(self, agent_id: str | None) -> str | None:
+        """The agent a call naming `agent_id` acts as: a pinned token's own agent (or one of its sub-agents,
+        `agent.name`, when the call names one); ForbiddenError for anyone else."""
+        if self.agent_id is None:
+            return agent_id
+        if agent_id is not None and agent_id != self.agent_id and not agent_id.startswith(self.agent_id + "."):
+            raise ForbiddenError(f"token {self.name} acts only as {self.agent_id}")
+        return agent_id or self.agent_id
+
+    def check_may_write(self) -> None:
+        if self.read_only:
+            raise ForbiddenError(f"token {self.name} is read-only: it may only read")
+
+
+LOCAL = Principal(None, remote=False)
+PRINCIPAL_KEY = "synapolis.principal"  # where the HTTP app's authentication leaves it, in the ASGI scope
+_MEMORY_ATTR = "_synapolis_identity"  # a remembered identity, on its holder (a connection, or the server)
+
+
+def principal_of(ctx) -> Principal:
+    """The principal of the request `ctx` belongs to: LOCAL over stdio (and in-process), else the HTTP token."""
+    request = getattr(getattr(ctx, "request_context", None), "request", None) if ctx is not None else None
+    if request is None:
+        return LOCAL
+    principal = getattr(request, "scope", {}).get(PRINCIPAL_KEY)
+    if not isinstance(principal, Principal):  # the app always authenticates first; never act on a gap
+        raise ForbiddenError("this request carries no valid token")
+    return principal
 
 
 class ServerState:
-    """What one `synapolis mcp` process holds: the state directory, its environment, the remembered
-    identity, and the subscriptions with their watcher."""
+    """What one server holds across its clients: the state directory, its environment, each client's
+    remembered identity, and the subscriptions with their watcher."""
 
     def __init__(self, state_dir, env=None, *, force_polling: bool = False, fast: bool = True):
         self.root = Path(state_dir).absolute()
         self.env = dict(os.environ if env is None else env)
-        self.remembered: Remembered | None = None
+        self._synapolis_identity: Remembered | None = None  # a local client's, in the 2026-07-28 era
         self.bus = InMemorySubscriptionBus()
         self.subscriptions = watch.Subscriptions()
         self.connections: dict[Any, Any] = {}  # legacy subscriber key -> ServerSession to notify
@@ -69,20 +113,57 @@ class ServerState:
             self._ws = (signature, ws) if settled else None
         return ws.ensure() if create else ws
 
-    def who(self, agent_id=None, session_id=None, run_token=None):
-        """Explicit arguments first; the identity start_session remembered fills what they leave out (its
-        run token only for that agent in that session); the library then falls back to env, identity.json."""
+    # -- identity: per MCP session, never per server process ----------------------------------------
+    def _connection(self, ctx):
+        try:
+            return ctx.request_context.session._connection
+        except AttributeError:
+            return None
+
+    def _memory_holder(self, ctx, principal: Principal):
+        """Where this client's remembered identity lives: on its connection in the handshake era (one per
+        client for its whole life: a stdio pipe, an HTTP session); on this server in the 2026-07-28 era,
+        which has a connection per request, for a local client (stdio: one client per process); nowhere for
+        a remote one (HTTP in that era has no sessions: each call names its agent, or the token pins it)."""
+        conn = self._connection(ctx)
+        modern = getattr(ctx.request_context, "protocol_version", None) in MODERN_PROTOCOL_VERSIONS
+        if conn is not None and not modern:
+            return conn
+        return None if principal.remote else self
+
+    def recall(self, ctx, principal: Principal) -> Remembered | None:
+        """What start_session remembered for this client (made with this same token)."""
+        mem = getattr(self._memory_holder(ctx, principal), _MEMORY_ATTR, None)
+        return mem if mem is not None and mem.principal == principal.name else None
+
+    def remember(self, ctx, result: dict) -> None:
+        principal = principal_of(ctx)
+        holder = self._memory_holder(ctx, principal)
+        if holder is not None:
+            setattr(holder, _MEMORY_ATTR,
+                    Remembered(result["agent_id"], result["session_id"], result.get("run_token"), principal.name))
+
+    def who(self, ctx, agent_id=None, session_id=None, run_token=None, *, writes: bool = True):
+        """Who a tool call acts as. A pinned token fixes the agent (naming another is refused); explicit
+        arguments next; this client's remembered identity fills what they leave out (its run token only for
+        that agent in that session); a local caller then falls back to env and identity.json, a remote one
+        never does. A read-only token may not write and reads as nobody (a read as an agent refreshes it)."""
         from ..identity import Who
 
-        mem = self.remembered
+        principal = principal_of(ctx)
+        if principal.read_only:
+            if writes:
+                principal.check_may_write()
+            if agent_id is not None or run_token is not None:
+                raise ForbiddenError(f"token {principal.name} is read-only: it reads as no agent")
+            return Who(None, session_id, None, named_only=True)
+        agent_id = principal.acting_as(agent_id)
+        mem = self.recall(ctx, principal)
         if mem is None or agent_id not in (None, mem.agent_id):
-            return Who(agent_id, session_id, run_token)
+            return Who(agent_id, session_id, run_token, named_only=principal.remote)
         same_session = session_id in (None, mem.session_id)
         return Who(mem.agent_id, session_id or mem.session_id,
-                   run_token or (mem.run_token if same_session else None))
-
-    def remember(self, result: dict) -> None:
-        self.remembered = Remembered(result["agent_id"], result["session_id"], result.get("run_token"))
+                   run_token or (mem.run_token if same_session else None), named_only=principal.remote)
 
     def keep_open(self, ws, session_id: str | None) -> None:
         """Hold a connection to a session this server works in, for the server's life (LongLived.hold).

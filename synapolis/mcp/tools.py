@@ -20,7 +20,7 @@ from .. import actions
 from ..errors import SynapolisError
 from . import watch
 from .errors import error_line, resource_error
-from .state import ServerState, connection_key
+from .state import ServerState, connection_key, principal_of
 
 SIGNAL_TYPES = Literal["inform", "query", "delegate", "ack", "warn", "sleep_event", "sleep_request"]
 STATUSES = Literal["active", "idle", "sleeping", "stopped"]
@@ -110,18 +110,19 @@ def _answer(result: dict) -> types.CallToolResult:
 
 
 def register_tools(server, state: ServerState) -> None:
-
-
+    # readOnlyHint only where a call changes nothing: every tool acting as an agent refreshes its heartbeat
+    # and may mark signals delivered (piggyback), the reads too when an identity resolves
     ro = types.ToolAnnotations(read_only_hint=True)
 
-    def act(fn, who, *args, **kwargs) -> types.CallToolResult:
+    def act(fn, who, *args, env=None, **kwargs) -> types.CallToolResult:
         """Run one library verb as `who` (None: the verb takes no caller) and answer with its result.
 
-        The verbs that write create the state directory themselves (as for the CLI)."""
+        `env`: the environment identity may come from (the server's, for a local client; none for a remote
+        one). The verbs that write create the state directory themselves (as for the CLI)."""
         ws = state.workspace()
         lead = () if who is None else (who,)
         with actions.long_lived(state.live if state.fast else None):
-            result = fn(ws, *lead, *args, env=state.env, **kwargs)
+            result = fn(ws, *lead, *args, env=state.env if env is None else env, **kwargs)
         state.keep_open(ws, result.get("session_id") or getattr(who, "session_id", None))
         return _answer(result)
 
@@ -144,127 +145,145 @@ def register_tools(server, state: ServerState) -> None:
                             harness_conversation_id: str | None = None, harness: str | None = None,
                             substrate: str | None = None, run_token: RunToken = None, new_session: bool = False,
                             ctx: Context = None) -> StartResult:
+        principal = principal_of(ctx)
+        principal.check_may_write()
+        agent_id = principal.acting_as(agent_id)
+        # a remote client gets nothing from this machine: not its environment, nor its identity.json
+        env = {} if principal.remote else state.env
         answer = await call(actions.start, None, slow=True, agent_id=agent_id, session_id=session_id,
-                           harness=harness or state.env.get(actions.ENV_HARNESS) or _client_name(ctx) or "mcp",
-                           substrate=substrate,
-                           conversation_id=harness_conversation_id, run_token=run_token, new_session=new_session)
-        state.remember(answer.structured_content)
+                            harness=harness or env.get(actions.ENV_HARNESS) or _client_name(ctx) or "mcp",
+                            substrate=substrate, conversation_id=harness_conversation_id, run_token=run_token,
+                            new_session=new_session, env=env, write_identity=not principal.remote)
+        state.remember(ctx, answer.structured_content)
         return answer
 
     @server.tool(description="Write this agent's heartbeat (status/task kept unless given).")
     async def beat(status: STATUSES | None = None, task: str | None = None,
                    ttl_s: Annotated[float | None, Field(gt=0)] = None, note: str | None = None,
-                   agent_id: AgentId = None, session_id: SessionId = None, run_token: RunToken = None) -> BeatResult:
-        who = state.who(agent_id, session_id, run_token)
+                   agent_id: AgentId = None, session_id: SessionId = None, run_token: RunToken = None,
+                   ctx: Context = None) -> BeatResult:
+        who = state.who(ctx, agent_id, session_id, run_token)
         return await call(actions.beat, who, status=status, task=task, ttl_s=ttl_s, note=note)
 
     @server.tool(description="Send a signal. to: '*' (all), an agent id, or a sub-agent (id.name). "
                              "sender_id: you or your sub-agent.")
     async def signal(to: str, content: str, type: SIGNAL_TYPES = "inform", sender_id: str | None = None,
                      reply_to: str | None = None, agent_id: AgentId = None, session_id: SessionId = None,
-                     run_token: RunToken = None) -> SignalResult:
-        who = state.who(agent_id, session_id, run_token)
+                     run_token: RunToken = None, ctx: Context = None) -> SignalResult:
+        who = state.who(ctx, agent_id, session_id, run_token)
         return await call(actions.signal, who, to, content, type=type, sender_id=sender_id, reply_to=reply_to)
 
-    @server.tool(description="Your signals, oldest first (unread only by default). Marks nothing read.",
-                 annotations=ro)
+    @server.tool(description="Your signals, oldest first (unread only by default). Marks nothing read.")
     async def read_signals(unread_only: bool = True, limit: Annotated[int | None, Field(gt=0)] = None,
                            agent_id: AgentId = None, session_id: SessionId = None,
-                           run_token: RunToken = None) -> SignalsResult:
-        who = state.who(agent_id, session_id, run_token)
+                           run_token: RunToken = None, ctx: Context = None) -> SignalsResult:
+        who = state.who(ctx, agent_id, session_id, run_token)
         return await call(actions.read_signals, who, unread_only=unread_only, limit=limit)
 
     @server.tool(description="Mark signals read: full ids or unique 8+ char prefixes, or all=true.")
     async def ack_signals(signal_ids: list[str] | None = None, all: bool = False, agent_id: AgentId = None,
-                          session_id: SessionId = None, run_token: RunToken = None) -> AckResult:
-        who = state.who(agent_id, session_id, run_token)
+                          session_id: SessionId = None, run_token: RunToken = None,
+                          ctx: Context = None) -> AckResult:
+        who = state.who(ctx, agent_id, session_id, run_token)
         return await call(actions.ack_signals, who, list(signal_ids or []), all=all)
 
     @server.tool(description="Deliver signals not yet delivered to you.")
     async def signals_pending(agent_id: AgentId = None, session_id: SessionId = None,
-                              run_token: RunToken = None) -> _Result:
-        who = state.who(agent_id, session_id, run_token)
+                              run_token: RunToken = None, ctx: Context = None) -> _Result:
+        who = state.who(ctx, agent_id, session_id, run_token)
         return await call(actions.signals_pending, who, method="poll")
 
-    @server.tool(description="The session's notes: the newest `limit`, oldest first.", annotations=ro)
+    @server.tool(description="The session's notes: the newest `limit`, oldest first.")
     async def read_notes(session_id: SessionId = None, limit: Annotated[int, Field(gt=0)] = 50,
-                         agent_id: AgentId = None) -> NotesResult:
-        who = state.who(agent_id, session_id)
+                         agent_id: AgentId = None, ctx: Context = None) -> NotesResult:
+        who = state.who(ctx, agent_id, session_id, writes=False)
         return await call(actions.read_notes, who, session_id=session_id, limit=limit)
 
     @server.tool(description="Append a note to the session's notes bus.")
     async def note(text: str, agent_id: AgentId = None, session_id: SessionId = None,
-                   run_token: RunToken = None) -> NoteResult:
-        who = state.who(agent_id, session_id, run_token)
+                   run_token: RunToken = None, ctx: Context = None) -> NoteResult:
+        who = state.who(ctx, agent_id, session_id, run_token)
         return await call(actions.note, who, text)
 
-    @server.tool(description="The session's agents: status and effective (heartbeat) status.", annotations=ro)
-    async def list_agents(session_id: SessionId = None, agent_id: AgentId = None) -> AgentsResult:
-        who = state.who(agent_id, session_id)
+    @server.tool(description="The session's agents: status and effective (heartbeat) status.")
+    async def list_agents(session_id: SessionId = None, agent_id: AgentId = None,
+                          ctx: Context = None) -> AgentsResult:
+        who = state.who(ctx, agent_id, session_id, writes=False)
         return await call(actions.list_agents, who, session_id=session_id)
 
     @server.tool(description="Set a shared whiteboard entry.")
     async def write_whiteboard(key: str, value: str, agent_id: AgentId = None, session_id: SessionId = None,
-                               run_token: RunToken = None) -> EntryResult:
-        who = state.who(agent_id, session_id, run_token)
+                               run_token: RunToken = None, ctx: Context = None) -> EntryResult:
+        who = state.who(ctx, agent_id, session_id, run_token)
         return await call(actions.whiteboard_write, who, key, value)
 
-    @server.tool(description="Read a whiteboard entry ({entry}), or all without key ({entries}).",
-                 annotations=ro)
+    @server.tool(description="Read a whiteboard entry ({entry}), or all without key ({entries}).")
     async def read_whiteboard(key: str | None = None, session_id: SessionId = None,
-                              agent_id: AgentId = None) -> _Result:
-        who = state.who(agent_id, session_id)
+                              agent_id: AgentId = None, ctx: Context = None) -> _Result:
+        who = state.who(ctx, agent_id, session_id, writes=False)
         return await call(actions.whiteboard_read, who, key, session_id=session_id)
 
     @server.tool(description="Done: go idle, stage memories (strings or {text,key,tags}); the last active "
                              "agent consolidates them and ends the session.")
     async def tired(memories: list[str | dict[str, Any]] | str | None = None, agent_id: AgentId = None,
-                    session_id: SessionId = None, run_token: RunToken = None) -> TiredResult:
+                    session_id: SessionId = None, run_token: RunToken = None, ctx: Context = None) -> TiredResult:
         from .. import sleep
 
-        who = state.who(agent_id, session_id, run_token)
+        who = state.who(ctx, agent_id, session_id, run_token)
         return await call(sleep.tired, who, memories=memories, slow=True)
 
     @server.tool(description="Claim a work item (file path, ticket:N) for ttl_s; wait_s waits for a holder. "
                              "Returns the claim with its fencing token.")
     async def claim(item: str, ttl_s: Annotated[float | None, Field(gt=0)] = None,
                     wait_s: Annotated[float, Field(ge=0)] = 0, agent_id: AgentId = None, session_id: SessionId = None,
-                    run_token: RunToken = None) -> ClaimResult:
-        who = state.who(agent_id, session_id, run_token)
+                    run_token: RunToken = None, ctx: Context = None) -> ClaimResult:
+        who = state.who(ctx, agent_id, session_id, run_token)
         return await call(actions.claim, who, item, ttl_s=ttl_s, wait_s=wait_s, slow=wait_s > 0)
 
     @server.tool(description="Release your claim; force (with reason) releases another's.")
     async def release(item: str, force: bool = False, reason: str | None = None, agent_id: AgentId = None,
-                      session_id: SessionId = None, run_token: RunToken = None) -> ClaimResult:
-        who = state.who(agent_id, session_id, run_token)
+                      session_id: SessionId = None, run_token: RunToken = None,
+                      ctx: Context = None) -> ClaimResult:
+        who = state.who(ctx, agent_id, session_id, run_token)
         return await call(actions.release, who, item, force=force, reason=reason)
 
     @server.tool(description="Fencing check: succeeds only while token is the live holder's token of item.",
                  annotations=ro)
-    async def claim_check(item: str, token: int, agent_id: AgentId = None, session_id: SessionId = None) -> _Result:
-        who = state.who(agent_id, session_id)
+    async def claim_check(item: str, token: int, agent_id: AgentId = None, session_id: SessionId = None,
+                          ctx: Context = None) -> _Result:
+        who = state.who(ctx, agent_id, session_id, writes=False)
         return await call(actions.claim_check, who, item, token)
 
 
-
-
 def register_resources(server, state: ServerState) -> None:
-
+    from ..identity import Who
 
     @server.resource(watch.INBOX_TEMPLATE, name="inbox", mime_type="application/json",
-                     description="Unread signals of agent_id: {signals}. Reading marks them delivered (push).")
-    def inbox(session_id: str, agent_id: str) -> str:
+                     description="The agent's unread signals, as JSON with a signals list. Only that agent may "
+                                 "read it: reading marks them delivered (push).")
+    async def inbox(session_id: str, agent_id: str, ctx: Context = None) -> str:
+        def read():
+            who = state.who(ctx)  # the caller's own identity: the URI names whose inbox, not who asks
+            env = {} if who.named_only else state.env
+            return actions.inbox(state.workspace(), who, session_id, agent_id, env=env, method="push")
+
         try:
-            result = actions.inbox(state.workspace(), session_id, agent_id, method="push")
+            result = await anyio.to_thread.run_sync(read)
         except SynapolisError as exc:
             raise resource_error(exc) from None
         return json.dumps(result, ensure_ascii=False, default=str)
 
     @server.resource(watch.NOTES_TEMPLATE, name="notes", mime_type="application/json",
-                     description="The session's notes bus: {notes}, newest 50, oldest first.")
-    def notes(session_id: str) -> str:
+                     description="The session's notes bus, as JSON with a notes list: the newest 50, oldest "
+                                 "first. Reading acts as nobody and changes nothing.")
+    async def notes(session_id: str, ctx: Context = None) -> str:
+        def read():
+            state.who(ctx, writes=False)  # refuses a request without a valid token
+            return actions.read_notes(state.workspace(), Who(named_only=True), session_id=session_id,
+                                      piggyback=False)
+
         try:
-            result = actions.read_notes(state.workspace(), None, session_id=session_id, env=state.env)
+            result = await anyio.to_thread.run_sync(read)
         except SynapolisError as exc:
             raise resource_error(exc) from None
         return json.dumps(result, ensure_ascii=False, default=str)

@@ -629,6 +629,7 @@ class SqliteStore(base.Store):
         return document
 
     def list_sessions(self) -> list[dict]:
+        from ..atomic import is_temp_name
         from ..errors import UsageError
 
         folder = self.ws.files.sessions  # plain strings: a beat that names no session looks here, without pathlib
@@ -638,7 +639,8 @@ class SqliteStore(base.Store):
             return []
         found = []
         for name in names:
-            if name.startswith(".") or not os.path.isdir(os.path.join(folder, name)):
+            # a session id may start with a dot (§2): only temp names and what is not a folder are skipped
+            if is_temp_name(name) or not os.path.isdir(os.path.join(folder, name)):
                 continue
             try:
                 document = self.read_session(name)
