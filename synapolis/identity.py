@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from .atomic import atomic_write_json, read_json
-from .errors import AmbiguousIdentityError, ForbiddenError, NoIdentityError, UsageError
+from .errors import AmbiguousIdentityError, NoIdentityError, UsageError
 from .names import is_reserved, refuse_reserved, sha256, validate_agent_id, validate_session_id
 from .timeutil import utcnow
 

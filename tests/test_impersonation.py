@@ -231,10 +231,12 @@ def test_with_tokens_on_the_mcp_tools_refuse_another(guarded, state_dir):
                                ("tired", {"memories": ["forged"]})):
                 for session in (guarded.mallory_sid, guarded.sid):
                     result = await client.call_tool(tool, {**args, "agent_id": "alice", "session_id": session})
-                    assert result.is_error, (tool, session)
-                    assert result.structured_content["error"]["exit_code"] in (4, 7), (tool, session)
+                    text = result.content[0].text  # "ForbiddenError (exit 7): ...", what the model is shown
+                    assert result.is_error, (tool, session, text)
                     if tool in ("release", "claim", "beat") or session == guarded.sid:
-                        assert result.structured_content["error"]["type"] == "ForbiddenError", (tool, session)
+                        assert text.startswith("ForbiddenError (exit 7): "), (tool, session, text)
+                    else:
+                        assert text.startswith(("ForbiddenError (exit 7): ", "NoIdentityError (exit 4): ")), text
             listed = await client.call_tool("list_agents", {"agent_id": "alice", "session_id": guarded.sid})
             assert not listed.is_error and listed.structured_content["pending_signals"] == []
 
@@ -285,8 +287,7 @@ def test_reserved_names_on_the_cli(cli, state_dir):
                  ["claim", "x:1", "--agent-id", "synapolis.watchdog"]):
         out = cli(*args, "--json")
         assert out.returncode == 7 and json.loads(out.stdout)["error"]["type"] == "ForbiddenError", args
-    assert not (state_dir / "heartbeats" / "Synapolis.json").exists()
-    assert not (state_dir / "sessions").exists() or list((state_dir / "sessions").iterdir()) == []
+    assert not state_dir.exists()  # refused before anything was written
 
 
 def test_nobody_sends_as_the_watchdog(open_world):
