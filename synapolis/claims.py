@@ -6,16 +6,17 @@ import contextlib
 import hashlib
 import json
 import math
+import os
 import random
 import threading
 import time
 from datetime import datetime, timedelta
 
-from .atomic import JsonlLog, atomic_write_json, json_files, open_regular, read_json, read_json_or, restorable
+from .atomic import JsonlLog, atomic_write_json, json_files, open_regular, read_json, restorable
 from .errors import (BusyError, ConflictError, ForbiddenError, InternalError, NotFoundError, StaleToken,
                      SynapolisError, UsageError)
 from .names import check_text, validate_agent_id, validate_claim_item, validate_session_id
-from .status import CLAIMABLE_FROM, status_of_agent
+from .status import CLAIMABLE_FROM, status_of_agent_anywhere
 from .timeutil import UTC, format_ts, humanize_age, parse_ts, utcnow
 
 SCHEMA_VERSION = 1
@@ -103,15 +104,40 @@ def _load(ws, item: str, path) -> tuple[dict | None, bool]:
     return (doc if _is_record(doc, item) else None), True
 
 
-def _high_water(ws, item: str, record: dict | None) -> int:
+def _known_path(ws, item: str) -> str:
+    """The marker saying `item` was claimed here before: `.locks/claims-known/<stem>`, an empty file kept
+    with the item's lock file (claims/ holds claim files only)."""
+    return os.path.join(ws.paths.locks, "claims-known", encode_item(item))
+
+
+def _mark_known(ws, item: str) -> bool:
+    """Make the marker under the item's lock, before any claim file of `item` is written; whether it
+    was there already (a stat, when it was)."""
+    path = _known_path(ws, item)
+    if os.path.lexists(path):
+        return True
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    # O_EXCL | O_NOFOLLOW: never through a link someone planted; one that appeared since is as good
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644))
+    except FileExistsError:
+        pass
+    return False
+
+
+def _high_water(ws, item: str, record: dict | None, known: bool = True) -> int:
     """The highest token ever handed out for `item`.
 
     The claim file carries it and is written before a token is returned. Only when that file is gone
     or unreadable (a person edited or deleted it) do we fall back to the event log, so a token never
-    goes back even then.
+    goes back even then. An item with neither a file nor a `claims-known` marker (made before its first
+    claim file) was never claimed: no log to search, so a new claim costs the same however long the
+    log is.
     """
     if record is not None:
         return record["token"]
+    if not known:
+        return 0
     needle = json.dumps(item, ensure_ascii=False).encode("utf-8")
     best = 0
     try:
@@ -134,8 +160,13 @@ def _high_water(ws, item: str, record: dict | None) -> int:
 
 # --- decisions -----------------------------------------------------------------------------------
 
-def _moment(now: datetime | None) -> datetime:
+def _moment(now: datetime | None, ws=None) -> datetime:
+    """`now` as given, else the store's clock (the database server's on a shared store: §12)."""
     if now is None:
+        if ws is not None:
+            from .store import store_for
+
+            return store_for(ws).now()
         return utcnow()
     return now.replace(tzinfo=UTC) if now.tzinfo is None else now
 
@@ -148,9 +179,10 @@ def claim_state(record: dict, now: datetime) -> str:
 
 
 def holder_status(ws, agent_id: str, now: datetime) -> str:
-    """The holder's effective status by the monitor's own function; 'invalid' for a name no agent has."""
+    """The holder's effective status by the monitor's own function; 'invalid' for a name no agent has.
+    On a shared store a holder on another machine is judged by its heartbeat copy there."""
     try:
-        return status_of_agent(ws.paths, agent_id, now, ws.config)
+        return status_of_agent_anywhere(ws, agent_id, now)
     except UsageError:
         return "invalid"
 
@@ -195,17 +227,58 @@ def _push(record: dict, transition: dict) -> None:
     del history[:-MAX_TRANSITIONS]
 
 
-def _commit(ws, path, record: dict, transition: dict) -> None:
-    """Persist the record (the token's high-water mark) and log its event: both or neither.
-
-    The event log is locked first, so a busy log (BusyError) changes nothing; if the event cannot be
-    appended (a full disk, a file-size limit) the old claim file is put back (atomic.restorable).
-    """
+def _commit(ws, slot, record: dict, transition: dict) -> None:
+    """Persist the record (the token's high-water mark) and log its event: both or neither."""
     _push(record, transition)
     event = {"at": transition["at"], "item": record["item"], **{k: v for k, v in transition.items() if k != "at"}}
-    with JsonlLog(ws.paths.claims_log, timeout=ws.config.busy_timeout_ms / 1000.0) as log, restorable(path):
-        atomic_write_json(path, record)
-        log.append(event)
+    slot.write(record, event)
+
+
+class FileSlot:
+    """One item's claim on the SQLite store (files): `claims/<item>.json` and `claims.jsonl`, held under
+    the item's file lock. The PostgreSQL store has the same shape (store.postgres.ClaimSlot)."""
+
+    def __init__(self, ws, item: str):
+        self.ws, self.item = ws, item
+        self.path = claim_path(ws, item)
+        self.record, self.existed = _load(ws, item, self.path)
+        # under the item's lock, before any claim file of it is written; state dirs from before the
+        # marker get it on first use (their items have files, so `existed` says known)
+        self.known = _mark_known(ws, item) or self.existed
+
+    def high_water(self) -> int:
+        return _high_water(self.ws, self.item, self.record, self.known)
+
+    def write(self, record: dict, event: dict) -> None:
+        """The event log is locked first, so a busy log (BusyError) changes nothing; if the event cannot
+        be appended (a full disk, a file-size limit) the old claim file is put back (atomic.restorable)."""
+        ws = self.ws
+        with JsonlLog(ws.paths.claims_log, timeout=ws.config.busy_timeout_ms / 1000.0) as log, \
+                restorable(self.path):
+            atomic_write_json(self.path, record)
+            log.append(event)
+
+
+@contextlib.contextmanager
+def file_slot(ws, item: str):
+    """The SQLite store's claim slot: the item's file lock held for the body."""
+    with _item_lock(ws, item):
+        yield FileSlot(ws, item)
+
+
+def file_document(ws, item: str) -> tuple[dict | None, bool]:
+    return _load(ws, item, claim_path(ws, item))
+
+
+def file_documents(ws):
+    """(record or None, file name, error) of every claim file."""
+    for path in _claim_files(ws):
+        try:
+            doc = read_json(path)
+        except (OSError, ValueError) as exc:
+            yield None, path.name, str(exc)
+            continue
+        yield doc, path.name, "does not look like a claim record"
 
 
 class Claim(dict):
@@ -354,7 +427,7 @@ def claim(ws, item: str | None = None, agent_id: str | None = None, session_id: 
     while True:
         # a given `now` is exact for the first attempt; the retries of a wait move on from it
         elapsed = time.monotonic() - started if retried else 0.0
-        moment = utcnow() if now is None else _moment(now) + timedelta(seconds=elapsed)
+        moment = _moment(None, ws) if now is None else _moment(now) + timedelta(seconds=elapsed)
         try:
             record, event = _acquire(ws, item, agent_id, session_id, ttl, moment)
             return Claim(record, ws=ws, agent_id=agent_id, session_id=session_id, ttl_s=ttl, event=event)
@@ -367,17 +440,22 @@ def claim(ws, item: str | None = None, agent_id: str | None = None, session_id: 
             delay, retried = min(delay * 1.5, 0.5), True
 
 
+def _slot(ws, item: str):
+    from .store import store_for
+
+    return store_for(ws).claim_slot(item)
+
+
 def _acquire(ws, item: str, agent_id: str, session_id: str | None, ttl: float, now: datetime):
-    path = claim_path(ws, item)
     now_s = format_ts(now)
     expires_s = format_ts(now + timedelta(seconds=ttl))
-    with _item_lock(ws, item):
-        record, existed = _load(ws, item, path)
+    with _slot(ws, item) as slot:
+        record, existed = slot.record, slot.existed
         state = claim_state(record, now) if record else None
         if state == "held" and record["claimed_by"] == agent_id:
             record.update(renewed_at=now_s, ttl_s=ttl, expires_at=expires_s,
                           session_id=session_id or record.get("session_id"))
-            _commit(ws, path, record, {"at": now_s, "event": "renewed", "by": agent_id,
+            _commit(ws, slot, record, {"at": now_s, "event": "renewed", "by": agent_id,
                                        "token": record["token"], "expires_at": expires_s})
             return record, "renewed"
         transition = {"at": now_s, "event": "claimed", "by": agent_id}
@@ -399,7 +477,7 @@ def _acquire(ws, item: str, agent_id: str, session_id: str | None, ttl: float, n
                                    "holder_status": status, "expires_at": record["expires_at"]}
                 transition.update(event="taken_over", **{"from": holder, "from_token": record["token"]})
             transition["reason"] = reason
-        token = _high_water(ws, item, record) + 1
+        token = slot.high_water() + 1
         if existed and record is None:
             transition["recovered"] = True  # the old file was unreadable; the token came from the log
         history = list(record["transitions"]) if record else []
@@ -420,20 +498,21 @@ def _acquire(ws, item: str, agent_id: str, session_id: str | None, ttl: float, n
             "transitions": history,
         }
         transition.update(token=token, expires_at=expires_s)
-        _commit(ws, path, record, transition)
+        _commit(ws, slot, record, transition)
         return record, transition["event"]
 
 
-def _existing(ws, item: str, now: datetime | None = None):
-    """(path, record) of an item that has a claim file, else NotFoundError; nothing is created."""
+def _existing(ws, item: str, slot=None):
+    """The record of an item that was claimed (from `slot` when held), else NotFoundError; nothing is created."""
+    from .store import store_for
+
     validate_claim_item(item)
-    path = claim_path(ws, item)
-    record, existed = _load(ws, item, path)
+    record, existed = (slot.record, slot.existed) if slot is not None else store_for(ws).claim_document(item)
     if not existed:
         raise NotFoundError(f"{item} was never claimed", item=item)
     if record is None:
-        raise InternalError(f"the claim file {path} is unreadable; claim {item} again to repair it", item=item)
-    return path, record
+        raise InternalError(f"the claim record of {item} is unreadable; claim {item} again to repair it", item=item)
+    return record
 
 
 def renew(ws, item: str, agent_id: str, token: int, ttl_s: float | None = None,
@@ -445,13 +524,13 @@ def renew(ws, item: str, agent_id: str, token: int, ttl_s: float | None = None,
     validate_agent_id(agent_id)
     ttl = check_ttl(ttl_s, ws.config)
     _existing(ws, item)  # NotFound before any lock file is made
-    now = _moment(now)
-    with _item_lock(ws, item):
-        path, record = _existing(ws, item)
+    now = _moment(now, ws)
+    with _slot(ws, item) as slot:
+        record = _existing(ws, item, slot)
         _require_live(record, token, now, agent_id)
         now_s, expires_s = format_ts(now), format_ts(now + timedelta(seconds=ttl))
         record.update(renewed_at=now_s, ttl_s=ttl, expires_at=expires_s)
-        _commit(ws, path, record, {"at": now_s, "event": "renewed", "by": agent_id, "token": token,
+        _commit(ws, slot, record, {"at": now_s, "event": "renewed", "by": agent_id, "token": token,
                                    "expires_at": expires_s})
     return Claim(record, event="renewed")
 
@@ -466,10 +545,10 @@ def release(ws, item: str, agent_id: str, force: bool = False, reason: str | Non
     validate_claim_item(item)
     validate_agent_id(agent_id)
     check_force(force, reason)
-    now = _moment(now)
+    now = _moment(now, ws)
     _existing(ws, item)  # NotFound before any lock file is made
-    with _item_lock(ws, item):
-        path, record = _existing(ws, item)
+    with _slot(ws, item) as slot:
+        record = _existing(ws, item, slot)
         if token is not None:
             _require_live(record, token, now, agent_id, allow_expired=True)
         if record.get("released_at"):
@@ -486,7 +565,7 @@ def release(ws, item: str, agent_id: str, force: bool = False, reason: str | Non
         if reason:
             transition["reason"] = reason.strip()
         record.update(released_at=now_s, released_by=agent_id, release_reason=transition.get("reason"))
-        _commit(ws, path, record, transition)
+        _commit(ws, slot, record, transition)
         return Claim(record, event=transition["event"])
 
 
@@ -516,8 +595,8 @@ def check(ws, item: str, token, now: datetime | None = None) -> dict:
     validate_claim_item(item)
     if isinstance(token, bool) or not isinstance(token, int):
         raise UsageError(f"a token is a whole number, not {token!r}")
-    _, record = _existing(ws, item)
-    _require_live(record, token, _moment(now))
+    record = _existing(ws, item)
+    _require_live(record, token, _moment(now, ws))
     return record
 
 
@@ -530,10 +609,11 @@ def _claim_files(ws):
 
 def held_items(ws, now: datetime | None = None) -> dict[str, list[str]]:
     """{agent_id: [items it holds now]} (unreleased, unexpired leases), for the monitor document."""
-    now = _moment(now)
+    from .store import store_for
+
+    now = _moment(now, ws)
     held: dict[str, list[str]] = {}
-    for path in _claim_files(ws):
-        doc = read_json_or(path)
+    for doc, _name, _error in store_for(ws).claim_documents():
         if _is_record(doc) and claim_state(doc, now) == "held":
             held.setdefault(doc["claimed_by"], []).append(doc["item"])
     return {agent: sorted(items) for agent, items in held.items()}
@@ -542,18 +622,14 @@ def held_items(ws, now: datetime | None = None) -> dict[str, list[str]]:
 def list_claims(ws, now: datetime | None = None) -> list[dict]:
     """Every claim file with its `state` (held/expired/released), the holder's effective status and
     whether another agent could take it now; an unreadable file is listed with state 'invalid'."""
-    now = _moment(now)
+    from .store import store_for
+
+    now = _moment(now, ws)
     statuses: dict[str, str] = {}
     out = []
-    for path in _claim_files(ws):
-        try:
-            doc = read_json(path)
-        except (OSError, ValueError) as exc:
-            doc, error = None, str(exc)
-        else:
-            error = "does not look like a claim record"
+    for doc, name, error in store_for(ws).claim_documents():
         if not _is_record(doc):
-            out.append({"item": None, "file": path.name, "state": "invalid", "error": error})
+            out.append({"item": None, "file": name, "state": "invalid", "error": error})
             continue
         entry = dict(doc)
         entry["state"] = claim_state(doc, now)
@@ -576,15 +652,15 @@ def reap(ws, now: datetime | None = None) -> list[dict]:
     A stale holder may still come back, so its claim stays (others may take it over, §9). An item
     whose lock is busy is left for the next pass rather than failing the whole pass.
     """
-    now = _moment(now)
+    now = _moment(now, ws)
     reaped = []
     for entry in list_claims(ws, now):
         if entry["state"] != "expired" and entry.get("holder_status") not in REAPED_HOLDER_STATUSES:
             continue
         item = entry["item"]
         try:
-            with _item_lock(ws, item):
-                path, record = _existing(ws, item)
+            with _slot(ws, item) as slot:
+                record = _existing(ws, item, slot)
                 state = claim_state(record, now)
                 if state == "released":
                     continue
@@ -594,7 +670,7 @@ def reap(ws, now: datetime | None = None) -> list[dict]:
                 reason = "expired" if state == "expired" else f"holder {status}"
                 now_s = format_ts(now)
                 record.update(released_at=now_s, released_by=None, release_reason=reason)
-                _commit(ws, path, record, {"at": now_s, "event": "reaped", "by": None, "token": record["token"],
+                _commit(ws, slot, record, {"at": now_s, "event": "reaped", "by": None, "token": record["token"],
                                            "from": record["claimed_by"], "reason": reason})
                 reaped.append(record)
         except SynapolisError:

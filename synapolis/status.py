@@ -136,6 +136,25 @@ def monitor_entry(paths, agent_id: str) -> dict | None:
     return None
 
 
+def status_of_doc(doc: dict, now: datetime, config) -> str:
+    """The effective status of a heartbeat document that is not a local file (a shared store's copy)."""
+    from .heartbeat import quick_check, schema_errors
+
+    received = doc.get("received_at")  # when the store took it in: what a clock running ahead is judged by
+    doc = {k: v for k, v in doc.items() if k != "received_at"}
+    if not quick_check(doc) and schema_errors(doc):
+        return "invalid"
+    return effective_status(doc, now, written_at=lambda: _moment_or_none(received), **config.thresholds
+                            ).effective_status
+
+
+def _moment_or_none(stamp) -> datetime | None:
+    try:
+        return parse_ts(stamp)
+    except (TypeError, ValueError):
+        return None
+
+
 def status_of_agent(paths, agent_id: str, now: datetime, config, previous: dict | None = None) -> str:
     """The effective status of one agent from its heartbeat file at `now`; 'missing' when it has none.
 
@@ -156,6 +175,28 @@ def status_of_agent(paths, agent_id: str, now: datetime, config, previous: dict 
         previous = monitor_entry(paths, agent_id)  # only then: most calls never read the monitor
     return effective_status(read.doc, now, previous=previous, written_at=lambda: file_written_at(path),
                             **thresholds).effective_status
+
+
+def status_of_agent_anywhere(ws, agent_id: str, now: datetime, copies: dict | None = None) -> str:
+    """`status_of_agent` from the local file; with a shared store, an agent with no file here (one on
+    another machine) is judged by its heartbeat copy in the store (contract §12). `copies`: a dict to
+    fill with every copy at the first need and reuse (a caller asking about many agents)."""
+    found = status_of_agent(ws.paths, agent_id, now, ws.config)
+    if found != "missing":
+        return found
+    from .store import store_for
+
+    store = store_for(ws)
+    if store.kind == "sqlite":
+        return found
+    if copies is None:
+        copy = store.heartbeat_copy(agent_id)
+    else:
+        if not copies:
+            copies.update((c.get("agent_id"), c) for c in store.heartbeat_copies())
+            copies.setdefault(None, None)  # filled: an empty store is not asked again
+        copy = copies.get(agent_id)
+    return status_of_doc(copy, now, ws.config) if copy is not None else found
 
 
 # -- the registry (each session's agents table) ---------------------------------------------------------

@@ -36,9 +36,112 @@ def configure(ws, **values):
     return Workspace.open(ws.root)
 
 
+# -- the stores (contract §12): the contract tests of these modules run once per store -----------------
+
+# Modules whose tests (those using `ws`) run against SQLite and PostgreSQL; a test that reads the SQLite
+# file itself is marked `sqlite_only`.
+BOTH_STORES = {"test_signals", "test_delivery", "test_sleep", "test_sessions", "test_board", "test_store"}
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PG_SCRIPT = os.path.join(ROOT, "scripts", "synapolis-test-postgres")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "sqlite_only: reads session.db itself; runs against the SQLite store only")
+    config.addinivalue_line("markers", "postgres: needs a PostgreSQL server (skipped without one, unless CI=true)")
+
+
+def pytest_generate_tests(metafunc):
+    module = metafunc.module.__name__.rsplit(".", 1)[-1]
+    if ("store_kind" in metafunc.fixturenames and module in BOTH_STORES
+            and metafunc.definition.get_closest_marker("sqlite_only") is None
+            and not hasattr(metafunc.function, "_store_kinds_fixed")):
+        metafunc.parametrize("store_kind", ["sqlite", "postgres"], indirect=True)
+
+
+def no_postgres(reason: str):
+    """Skip a PostgreSQL test with a reason; in CI (CI=true) a missing server is a failure instead."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"PostgreSQL is required in CI: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """(admin URL, cluster dir or None): $SYNAPOLIS_TEST_PG_URL, else a throwaway server started with
+    scripts/synapolis-test-postgres for this run (stopped at the end)."""
+    url = os.environ.get("SYNAPOLIS_TEST_PG_URL")
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        no_postgres("psycopg is not installed (pip install -e '.[test]')")
+    if url:
+        yield url, os.environ.get("SYNAPOLIS_TEST_PG_DIR") or None
+        return
+    done = subprocess.run(["bash", PG_SCRIPT, "start"], capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        no_postgres(f"no PostgreSQL server: set SYNAPOLIS_TEST_PG_URL, or make {PG_SCRIPT} work "
+                    f"({done.stderr.strip()[-200:]})")
+    found = dict(line.split("=", 1) for line in done.stdout.replace("export ", "").replace("'", "").split())
+    try:
+        yield found["SYNAPOLIS_TEST_PG_URL"], found["SYNAPOLIS_TEST_PG_DIR"]
+    finally:
+        subprocess.run(["bash", PG_SCRIPT, "destroy", found["SYNAPOLIS_TEST_PG_DIR"]], capture_output=True,
+                       timeout=120)
+
+
+def _with_dbname(url: str, dbname: str) -> str:
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    parts = conninfo_to_dict(url)
+    parts["dbname"] = dbname
+    user, password = parts.pop("user", ""), parts.pop("password", "")
+    host, port = parts.pop("host", "127.0.0.1"), parts.pop("port", "5432")
+    parts.pop("dbname")
+    query = "&".join(f"{k}={v}" for k, v in parts.items())
+    return f"postgresql://{user}:{password}@{host}:{port}/{dbname}" + (f"?{query}" if query else "")
+
+
 @pytest.fixture
-def ws(state_dir):
-    """An opened, created Workspace on this test's state directory."""
+def pg_url(pg_server):
+    """A database of this test's own on the test server (dropped afterwards): a URL with its password."""
+    import secrets
+
+    import psycopg
+
+    admin_url = pg_server[0]
+    name = "t_" + secrets.token_hex(6)
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+    try:
+        yield _with_dbname(admin_url, name)
+    finally:
+        from synapolis.store import close_all
+
+        close_all()
+        with psycopg.connect(admin_url, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def use_store(state_dir, url: str) -> Workspace:
+    """Point a state directory at a store (the config key `store`), creating it; the opened Workspace."""
+    ws = Workspace.open(state_dir).ensure()
+    document = json.loads(ws.paths.config.read_text())
+    document["store"] = url
+    ws.paths.config.write_text(json.dumps(document))
+    return Workspace.open(state_dir)
+
+
+@pytest.fixture
+def store_kind(request):
+    """"sqlite" (the default) or "postgres": which store `ws` uses (parametrised for BOTH_STORES modules)."""
+    return getattr(request, "param", "sqlite")
+
+
+@pytest.fixture
+def ws(state_dir, store_kind, request):
+    """An opened, created Workspace on this test's state directory, on the store of `store_kind`."""
+    if store_kind == "postgres":
+        return use_store(state_dir, request.getfixturevalue("pg_url"))
     return Workspace.open(state_dir).ensure()
 
 
@@ -106,19 +209,62 @@ def start_agent(ws):
     return start
 
 
-@pytest.fixture
-def db_rows(ws):
-    """db_rows(session_id, sql, *args) -> rows (as dicts) read straight from that session's session.db."""
+_SESSION_TABLES = ("agents", "signals", "signal_reads", "signal_deliveries", "session_state", "staged_memories",
+                   "rate_buckets")
+
+
+def store_rows(ws, session_id, sql, args=()) -> list[dict]:
+    """Rows (as dicts) read straight from the store's database with `sql` (SQLite's `?` placeholders):
+    that session's session.db, or the session's rows of the PostgreSQL database (each EP-0118 table name
+    in `sql` then means that table's rows of this session)."""
     import sqlite3
 
+    url = ws.config.values.get("store") or "sqlite"
+    if url.startswith("postgresql://"):
+        import psycopg
+        from psycopg import sql as pgsql
+        from psycopg.rows import dict_row
+
+        scoped = ", ".join(f"{t} AS (SELECT * FROM public.{t} WHERE session_id = {{sid}})" for t in _SESSION_TABLES)
+        query = pgsql.SQL("WITH " + scoped + " ").format(sid=pgsql.Literal(session_id))
+        with psycopg.connect(url, row_factory=dict_row) as conn:
+            text = query.as_string(conn) + sql.replace("?", "%s")
+            return [dict(r) for r in conn.execute(text, args).fetchall()]
+    conn = sqlite3.connect(str(ws.paths.session_db(session_id)))
+    conn.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in conn.execute(sql, args).fetchall()]
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def db_rows(ws):
+    """db_rows(session_id, sql, *args) -> rows (as dicts) read straight from the store (store_rows)."""
     def rows(session_id, sql, *args):
-        conn = sqlite3.connect(str(ws.paths.session_db(session_id)))
-        conn.row_factory = sqlite3.Row
-        try:
-            return [dict(r) for r in conn.execute(sql, args).fetchall()]
-        finally:
-            conn.close()
+        return store_rows(ws, session_id, sql, args)
     return rows
+
+
+@pytest.fixture
+def backlog(state_dir):
+    """backlog(count, to="bob", content=...) -> (ws, session_id): alice and bob registered (no rate limit),
+    then `count` signals from alice to `to` stored in one transaction, none delivered."""
+    from synapolis import actions, signals
+    from synapolis.store import SessionStore
+
+    def make(count: int, to: str = "bob", content=lambda i: f"signal {i}"):
+        state_dir.mkdir(parents=True, exist_ok=True)
+        (state_dir / "synapolis.json").write_text(json.dumps({"rate_limit_per_min": 10 ** 6}))
+        ws = Workspace.open(state_dir).ensure()
+        sid = actions.start(ws, agent_id="alice", env={}, now=NOW)["session_id"]
+        actions.start(ws, agent_id="bob", session_id=sid, env={}, now=NOW)
+        with SessionStore.open(ws, sid) as store, store.write() as conn:
+            for i in range(count):
+                signals.send(conn, caller="alice", recipient=to, content=content(i), config=ws.config,
+                             now=NOW + timedelta(microseconds=i), rate_limited=False)
+        return ws, sid
+    return make
 
 
 # -- MCP clients ---------------------------------------------------------------------------------
@@ -255,3 +401,17 @@ def fill_to(folder, free_bytes: int) -> None:
             handle.flush()
         except OSError:
             pass
+
+
+@pytest.fixture
+def harness_home(tmp_path, monkeypatch):
+    """An empty home directory and no harness variables, so the user's own ~/.codex, ~/.gemini and
+    /etc/gemini-cli settings stay out of what is checked (and out of reach of what is written)."""
+    path = tmp_path / "home"
+    path.mkdir()
+    monkeypatch.setenv("HOME", str(path))
+    for name in ("CODEX_HOME", "GEMINI_CLI_HOME", "GEMINI_CLI_TRUST_WORKSPACE", "GEMINI_CLI_TRUSTED_FOLDERS_PATH",
+                 "GEMINI_CLI_SYSTEM_DEFAULTS_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("GEMINI_CLI_SYSTEM_SETTINGS_PATH", str(tmp_path / "etc-gemini-cli" / "settings.json"))
+    return path

@@ -224,7 +224,7 @@ def test_a_note_whose_commit_fails_is_taken_back(ws, monkeypatch):
     def broken_drain(*args, **kwargs):
         raise sqlite3.OperationalError("disk I/O error")
 
-    monkeypatch.setattr(signals, "drain", broken_drain)
+    monkeypatch.setattr(signals, "drain_page", broken_drain)  # what AgentCall.finish calls
     with pytest.raises(Exception):
         actions.note(ws, Who("alice", sid), "taken back", env={})
     monkeypatch.undo()
