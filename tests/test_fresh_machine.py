@@ -22,7 +22,7 @@ def test_no_test_runs_a_console_script_by_bare_name():
     offenders = []
     for path in sorted(TESTS.glob("*.py")):
         for number, line in enumerate(path.read_text("utf-8").splitlines(), 1):
-            if BARE.search(line):
+            if BARE.search(line) and "sys.argv" not in line:  # argv inside a process is not a lookup
                 offenders.append(f"{path.name}:{number}: {line.strip()}")
     assert offenders == [], "use conftest.console_script(NAME):\n" + "\n".join(offenders)
 
