@@ -174,8 +174,8 @@ class AgentCall:
                     if not self._nothing_to_write():
                         with self.store.write() as c:
                             pending = work(c)
-                except SynapolisError as exc:
-                    pending, result["piggyback_skipped"] = ([], 0), exc.message
+                except (SynapolisError, OSError) as exc:
+                    pending, result["piggyback_skipped"] = ([], 0), getattr(exc, "message", None) or str(exc)
             elif not self._nothing_to_write():
                 with self.store.write() as c:
                     pending = work(c)

@@ -403,6 +403,66 @@ def fill_to(folder, free_bytes: int) -> None:
             pass
 
 
+# The CLI in a child process whose I/O steps are counted: every os.write, os.replace, os.link and
+# os.fsync, and every BEGIN and COMMIT of a session store. At step `at` the child raises OSError (mode
+# "raise": a failing disk) or kills itself with SIGKILL (mode "kill": a crash); at=0 counts only. The
+# last line of stderr is "FAULT-STEPS n" whenever the child exits by itself.
+_FAULTY = r"""
+import atexit, errno, os, signal, sqlite3, sys
+mode, at, args = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+steps = []
+
+def step(name):
+    steps.append(name)
+    if len(steps) == at:
+        if mode == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise OSError(errno.EIO, f"injected fault at step {at} ({name})")
+
+def counted(module, attr):
+    real = getattr(module, attr)
+    def wrapper(*a, **k):
+        step(attr)
+        return real(*a, **k)
+    setattr(module, attr, wrapper)
+
+for attr in ("write", "replace", "link", "fsync"):
+    counted(os, attr)
+
+class Counted(sqlite3.Connection):
+    def execute(self, sql, *a):
+        head = sql.split(None, 1)[0].upper() if sql.strip() else ""
+        if head in ("BEGIN", "COMMIT"):
+            step(head)
+        return super().execute(sql, *a)
+
+_connect = sqlite3.connect
+def connect(*a, **k):
+    k.setdefault("factory", Counted)
+    return _connect(*a, **k)
+sqlite3.connect = connect
+atexit.register(lambda: sys.stderr.write(f"\nFAULT-STEPS {len(steps)} {' '.join(steps)}\n"))
+from synapolis.cli import main
+main(args)
+"""
+
+
+def run_faulty(state_dir, *args, at: int = 0, mode: str = "raise", input=None,
+               timeout: float = 60) -> subprocess.CompletedProcess:
+    """The CLI on `state_dir` with a fault at step `at` (see _FAULTY); returncode -9 when killed."""
+    return subprocess.run([sys.executable, "-c", _FAULTY, mode, str(at), "--state-dir", str(state_dir),
+                           *map(str, args)], input=input, capture_output=True, text=True, timeout=timeout,
+                          env=_cli_env())
+
+
+def fault_steps(out: subprocess.CompletedProcess) -> int:
+    """How many steps a run of run_faulty counted."""
+    for line in reversed(out.stderr.splitlines()):
+        if line.startswith("FAULT-STEPS "):
+            return int(line.split()[1])
+    raise AssertionError(f"no step count: {out.stderr[-1000:]}")
+
+
 @pytest.fixture
 def harness_home(tmp_path, monkeypatch):
     """An empty home directory and no harness variables, so the user's own ~/.codex, ~/.gemini and

@@ -526,6 +526,9 @@ class ClaimSlot:
         row = self.cur.fetchone()
         return int(row["top"] or 0)
 
+    def settle(self) -> None:
+        """Nothing to repair: the claim row and its event commit in one transaction."""
+
     def write(self, record: dict, event: dict) -> None:
         import json
 
