@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .atomic import atomic_write_bytes, atomic_write_json, is_temp_name, json_names, locked, read_json_or
 from .heartbeat import read_heartbeat
-from .status import EFFECTIVE_STATUSES, effective_status
+from .status import EFFECTIVE_STATUSES, effective_status, file_written_at
 from .timeutil import UTC, format_ts, parse_ts, utcnow
 
 SCHEMA_VERSION = 1
@@ -50,7 +50,8 @@ def derive_monitor(reads, previous_doc, now: datetime, config, held: dict | None
     agents, transitions = [], []
     for read in sorted(reads, key=lambda r: r.agent_id):
         prev = before.get(read.agent_id)
-        verdict = effective_status(read.doc if read.valid else None, now, previous=prev, **thresholds)
+        verdict = effective_status(read.doc if read.valid else None, now, previous=prev,
+                                   written_at=lambda path=read.path: file_written_at(path), **thresholds)
         status = verdict.effective_status
         doc = read.doc if read.valid else {}
         carried = prev.get("since") if prev and prev.get("effective_status") == status else None
