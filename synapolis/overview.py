@@ -8,6 +8,7 @@ from datetime import datetime
 from .atomic import read_json_or
 from .heartbeat import iter_heartbeat_paths, read_heartbeat
 from .status import effective_status, file_written_at
+from .terminal import terminal_safe
 from .timeutil import format_ts, humanize_age, parse_ts, utcnow
 
 ANSI = {"active": "32", "idle": "36", "sleeping": "34", "stopped": "2", "stale": "33", "dead": "31;1",
@@ -183,8 +184,9 @@ def render(data: dict, width: int = 80, colour: bool = False, now: datetime | No
                 what = f"[{', '.join(a['claims'])}] {what}".strip()
             if a["errors"] and a["effective_status"] in ("invalid", "missing"):
                 what = a["errors"][0]
+            # a task is any agent's text (a heartbeat file anyone may write): escapes, not terminal commands
             rows.append([a["agent_id"], a["effective_status"], humanize_age(a["age_s"]).replace(" ago", ""),
-                         a["unread"] if a["unread"] is not None else "-", what])
+                         a["unread"] if a["unread"] is not None else "-", terminal_safe(str(what))])
         lines += _table(["AGENT", "STATUS", "AGE", "UNREAD", "TASK / CLAIMS"], rows,
                         [agent_w, 8, 6, 6, task_w], colour, paint_col=1)
     else:
