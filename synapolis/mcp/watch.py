@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ..atomic import is_temp_name
 from ..errors import NotFoundError, UsageError
 from ..names import validate_agent_id, validate_session_id
 from ..watching import event_handler, event_paths, start_observer, stop_observer
@@ -29,6 +30,8 @@ NOTES_TEMPLATE = SCHEME + "{session_id}/notes"
 
 # Files whose change can mean "something new": the database and its WAL, the notes bus.
 _INTERESTING = ("session.db", "session.db-wal", "notes.jsonl")
+# What in the state directory is bookkeeping, never news for a dashboard.
+_NOT_STATE = (".locks", "monitor_history", "hooks", "tokens.json", "identity.json")
 
 
 def inbox_uri(session_id: str, agent_id: str) -> str:
@@ -162,14 +165,20 @@ class SessionWatcher:
     `max_delay_s` after the first event), then looks at the dirty sessions' subscribed URIs. The checker
     keeps one SQLite connection per session open for its life: a reader that opened and closed its own
     connection would, as the last one out, checkpoint and delete the WAL, an event that wakes it again.
+
+    With `on_change` (the team server's dashboard) it watches the whole state directory instead, and also
+    calls `on_change()` once per quiet spell in which anything changed there (a heartbeat, a claim, an
+    incident, a signal, a note): the same events, debounced the same way, as the push to MCP clients.
     """
 
     def __init__(self, ws, subscriptions: Subscriptions, notify: Callable[[list[str]], None], *,
                  debounce_s: float = 0.01, max_delay_s: float = 0.05, force_polling: bool = False,
-                 poll_interval_s: float = 0.25):
+                 poll_interval_s: float = 0.25, on_change: Callable[[], None] | None = None):
         self.ws = ws
         self.subscriptions = subscriptions
         self.notify = notify
+        self.on_change = on_change
+        self._changed = False
         self.debounce_s = debounce_s
         self.max_delay_s = max_delay_s
         self.force_polling = force_polling
@@ -191,6 +200,8 @@ class SessionWatcher:
             self._cond.notify()
 
     def _on_path(self, path: str) -> None:
+        if self.on_change is not None:
+            self._note_change(path)
         try:
             rel = Path(path).relative_to(self.ws.paths.sessions)
         except ValueError:
@@ -198,6 +209,18 @@ class SessionWatcher:
         parts = rel.parts
         if len(parts) == 2 and parts[1] in _INTERESTING:
             self.mark_dirty(parts[0])
+
+    def _note_change(self, path: str) -> None:
+        try:
+            parts = Path(path).relative_to(self.ws.paths.root).parts
+        except ValueError:
+            return
+        if not parts or parts[0] in _NOT_STATE or is_temp_name(parts[-1]) or parts[-1].endswith("-shm"):
+            return  # locks, temporary files and SQLite's shared memory say nothing new
+        with self._cond:
+            self._changed = True
+            self._last_event = time.monotonic()
+            self._cond.notify()
 
     def _on_event(self, event) -> None:
         if event.event_type in ("opened", "closed_no_write"):
@@ -208,6 +231,8 @@ class SessionWatcher:
     def _start_observer(self) -> None:
         folder = self.ws.paths.sessions
         folder.mkdir(parents=True, exist_ok=True)
+        if self.on_change is not None:
+            folder = self.ws.paths.root
         self._observer = start_observer(event_handler(self._on_event), folder, recursive=True,
                                         force_polling=self.force_polling, poll_interval_s=self.poll_interval_s, log=log)
         self.observer_kind = type(self._observer).__name__
@@ -241,9 +266,10 @@ class SessionWatcher:
                 changed.append(uri)
         return changed
 
-    def _wait_for_dirty(self) -> set[str] | None:
+    def _wait_for_dirty(self) -> tuple[set[str], bool] | None:
+        """(dirty sessions, whether anything changed) once a burst of events is over; None: stopping."""
         with self._cond:
-            while not self._dirty and not self._stopping:
+            while not self._dirty and not self._changed and not self._stopping:
                 self._cond.wait()
             if self._stopping:
                 return None
@@ -257,15 +283,22 @@ class SessionWatcher:
                     break
                 self._cond.wait(min(quiet_at, deadline) - now)
             dirty, self._dirty = self._dirty, set()
-            return dirty
+            anything, self._changed = self._changed, False
+            return dirty, anything
 
     def _run(self) -> None:
         try:
             while True:
-                dirty = self._wait_for_dirty()
-                if dirty is None:
+                woken = self._wait_for_dirty()
+                if woken is None:
                     return
-                changed = self.check(dirty)
+                dirty, anything = woken
+                if anything and self.on_change is not None:
+                    try:
+                        self.on_change()
+                    except Exception as exc:  # noqa: BLE001 - the server may be shutting down
+                        log.debug("synapolis: change listener failed: %s", exc)
+                changed = self.check(dirty) if dirty else []
                 if changed:
                     try:
                         self.notify(changed)
