@@ -320,3 +320,41 @@ def test_serve_refuses_a_wide_address_without_tokens_and_warns_over_plain_http(s
         proc.wait(timeout=10)
     said = "".join(proc.said)
     assert "warning" in said and "TLS" in said
+
+
+def test_tls_with_certfile_and_keyfile(state_dir, cli, tmp_path):
+    import shutil
+    import ssl
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"], check=True, capture_output=True)
+    token = json.loads(cli("tokens", "create", "tls", "--json").stdout)["token"]
+    proc, url = start_server(state_dir, "--certfile", cert, "--keyfile", key)
+    try:
+        assert url.startswith("https://127.0.0.1:")
+        trust = ssl.create_default_context(cafile=str(cert))
+        with httpx2.Client(base_url=url, verify=trust, timeout=10) as http:
+            assert http.get("/healthz").json() == {"ok": True}
+            cookie = http.post("/login", data={"token": token}, follow_redirects=False).headers["set-cookie"]
+            assert "secure" in {part.strip().lower() for part in cookie.split(";")}
+        with pytest.raises(httpx2.HTTPError):  # plain HTTP on the TLS port is no way in
+            httpx2.get(url.replace("https://", "http://") + "/healthz", timeout=5)
+
+        async def main():
+            from mcp import Client
+            from mcp.client.streamable_http import streamable_http_client
+
+            http = httpx2.AsyncClient(verify=trust, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+            async with Client(streamable_http_client(url + "/mcp", http_client=http), mode=LEGACY) as c:
+                assert (await ok(c, "start_session", agent_id="over-tls"))["agent_id"] == "over-tls"
+
+        run(main)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert not any("warning" in line for line in proc.said)  # TLS on loopback: nothing to warn about

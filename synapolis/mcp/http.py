@@ -76,4 +76,6 @@ def session_manager(server, *, loopback: bool) -> StreamableHTTPSessionManager:
         allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*",
                          "https://127.0.0.1:*", "https://localhost:*", "https://[::1]:*"],
     ) if loopback else TransportSecuritySettings(enable_dns_rebinding_protection=False)
-    return StreamableHTTPSessionManager(app=server._lowlevel_server, security_settings=security)
+    # JSON answers rather than an SSE stream per request: a tool call over HTTP is ~1.5 ms faster here, and
+    # pushes travel on the standing GET stream (handshake era) or the listen stream (2026-07-28) either way
+    return StreamableHTTPSessionManager(app=server._lowlevel_server, security_settings=security, json_response=True)
