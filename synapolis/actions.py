@@ -15,11 +15,11 @@ from .atomic import locked
 from . import signals as sig
 from .errors import (AmbiguousIdentityError, ConflictError, ForbiddenError, NoIdentityError, NotFoundError,
                      SynapolisError, UsageError)
-from .heartbeat import write_heartbeat
+from .heartbeat import check_fields, write_heartbeat
 from .identity import Who
 from .names import check_text, generate_agent_id, validate_agent_id, validate_claim_item, validate_session_id
-from .sessions import (active_sessions, agent_row, create_session, each_store, is_live, read_session, registry_status,
-                       reopen_session, session_exists, sessions_of_agent, ts)
+from .sessions import (active_sessions, agent_row, create_session, each_store, ensure_session, is_live, read_session,
+                       registry_status, reopen_session, session_exists, sessions_of_agent, ts)
 from .store import open_session, store_for
 from .timeutil import format_ts, humanize_age, parse_ts, utcnow
 
@@ -27,8 +27,11 @@ ENV_HARNESS = "SYNAPOLIS_HARNESS"
 ENV_SUBSTRATE = "SYNAPOLIS_SUBSTRATE"
 
 
-def _now(now: datetime | None) -> datetime:
-    return now or utcnow()
+def _now(now: datetime | None, ws=None) -> datetime:
+    """`now` when the caller fixed it; else the store's clock (the server's for a shared store, §12)."""
+    if now is not None:
+        return now
+    return store_for(ws).now() if ws is not None else utcnow()
 
 
 def _same_token(presented: str, stored: str) -> bool:
@@ -124,31 +127,46 @@ class AgentCall:
             return not sig.has_undelivered(conn, self.agent_id)
 
     def finish(self, result: dict | None = None, conn=None, *, limit: int | None = None,
-               budget_chars: int | None = None) -> dict:
+               budget_chars: int | None = None, best_effort: bool = False, fits=None) -> dict:
         """Refresh the heartbeat and the registry, and attach the caller's undelivered signals.
 
         With `conn` (a write transaction the verb holds) everything commits together with the verb.
         A coalesced refresh (LongLived) writes neither the registry row nor, when nothing waits, anything.
+        `best_effort` (a verb whose work is done and durable outside the store: claim, release): a busy
+        or failing store costs only the refresh and the piggyback, rolled back so nothing is marked
+        delivered, and the answer says so under `piggyback_skipped`; the verb still succeeds.
         """
         result = {} if result is None else result
         if self.heartbeat is None:
             self.heartbeat = self._refresh_heartbeat()
-        pending: list = []
+        pending: tuple = ([], 0)
         if self.registered:
             def work(c):
                 if not self.coalesced:
                     c.refresh_agent(self.agent_id, ts(self.now), registry_status(self.heartbeat["status"]))
+                    c.put_heartbeat(self.heartbeat, ts(self.now))  # a shared store's copy (§12); the file was first
                 if self.piggyback:
-                    return sig.drain(c, self.agent_id, self.method, self.now, self.ws.config,
-                                     limit=limit, budget_chars=budget_chars)
-                return []
+                    # a piggyback is a small page (every answer is bounded); signals_pending pages further
+                    return sig.drain_page(
+                        c, self.agent_id, self.method, self.now, self.ws.config,
+                        limit=sig.PIGGYBACK_LIMIT if limit is None else limit,
+                        budget_chars=sig.PIGGYBACK_BUDGET_CHARS if budget_chars is None and fits is None
+                        else budget_chars, fits=fits)
+                return [], 0
             if conn is not None:
                 pending = work(conn)
+            elif best_effort:
+                try:
+                    if not self._nothing_to_write():
+                        with self.store.write() as c:
+                            pending = work(c)
+                except (SynapolisError, OSError) as exc:
+                    pending, result["piggyback_skipped"] = ([], 0), getattr(exc, "message", None) or str(exc)
             elif not self._nothing_to_write():
                 with self.store.write() as c:
                     pending = work(c)
         self.finished = True
-        result["pending_signals"] = pending
+        result["pending_signals"], result["pending_remaining"] = pending
         return result
 
 
@@ -362,7 +380,7 @@ def as_agent(ws, who: Who | None = None, *, env=None, piggyback: bool = True, me
     refresh; without it every call resolves, opens and writes afresh.
     """
     live = live if live is not None or _LIVE is None else _LIVE.get()
-    now = _now(now)
+    now = _now(now, ws)
     if live is not None:
         caller = live.resolve(ws, who, env=env, required=required, need_session=need_session, now=now)
     else:
@@ -414,7 +432,7 @@ def _choose_session(ws, session_id, new_session, now) -> tuple[str, bool]:
     """(session id, created?) for start: the named one, a new one, or the only active one."""
     if session_id is not None:
         if not session_exists(ws, session_id):
-            return create_session(ws, session_id, now), True
+            return ensure_session(ws, session_id, now)
         if read_session(ws, session_id).get("status") != "active":
             reopen_session(ws, session_id, now)
         open_session(ws, session_id, create=True).close()  # a crash may have left only session.json
@@ -436,7 +454,7 @@ def start(ws, *, agent_id: str | None = None, session_id: str | None = None, har
           now: datetime | None = None, write_identity: bool = True) -> dict:
     """`start_session`: register the agent in a session, beat, write identity.json, drain (startup_drain)."""
     env = os.environ if env is None else env
-    now = _now(now)
+    now = _now(now, ws)
     if agent_id is not None:
         validate_agent_id(agent_id)
     if session_id is not None:
@@ -483,14 +501,19 @@ def start(ws, *, agent_id: str | None = None, session_id: str | None = None, har
         else:
             token, how = run_token or _new_token(), "joined"
             conn.register_agent(agent_id, harness=harness, substrate=substrate or "", stamp=stamp, run_token=token)
-        pending = sig.drain(conn, agent_id, "startup_drain", now, ws.config) if piggyback else []
+        pending, remaining = sig.drain_page(conn, agent_id, "startup_drain", now, ws.config,
+                                            limit=sig.PIGGYBACK_LIMIT, budget_chars=sig.PIGGYBACK_BUDGET_CHARS) \
+            if piggyback else ([], 0)
     doc = write_heartbeat(ws.paths, agent_id, harness=harness, substrate=substrate, session_id=session_id,
                           status="active", now=format_ts(now))
+    if store_for(ws).kind != "sqlite":  # the copy other machines read (§12), after the local file
+        with open_session(ws, session_id) as store, store.write() as conn:
+            conn.put_heartbeat(doc, ts(now))
     if write_identity:
         identity.write_identity_file(ws, agent_id, session_id, token, harness=harness, substrate=substrate)
     return {"agent_id": agent_id, "session_id": session_id, "run_token": token, "status": "active",
             "registration": how, "created_session": created, "harness": harness, "substrate": substrate,
-            "heartbeat": doc, "pending_signals": pending}
+            "heartbeat": doc, "pending_signals": pending, "pending_remaining": remaining}
 
 
 # -- beat ------------------------------------------------------------------------------------------
@@ -501,6 +524,7 @@ def beat(ws, who: Who | None = None, *, status: str | None = None, task: str | N
     """Write the caller's heartbeat (default status active) and its registry row; an agent in no session
     still gets its heartbeat file."""
     env = os.environ if env is None else env
+    check_fields(status=status, task=task, note=note, ttl_s=ttl_s)  # before anything is written (§2)
     with as_agent(ws, who, env=env, piggyback=piggyback, method=method, need_session=False,
                   need_registration=False, now=now) as call:
         fields = {"status": status or "active"}
@@ -516,7 +540,8 @@ def beat(ws, who: Who | None = None, *, status: str | None = None, task: str | N
         call.durable_beat = True
         result = call.finish({})
         return {"heartbeat": call.heartbeat, "agent_id": call.agent_id, "session_id": call.session_id,
-                "registered": call.registered, "pending_signals": result["pending_signals"]}
+                "registered": call.registered, "pending_signals": result["pending_signals"],
+                "pending_remaining": result["pending_remaining"]}
 
 
 # -- signals ---------------------------------------------------------------------------------------
@@ -533,20 +558,26 @@ def signal(ws, who: Who | None, to: str, content: str, *, type: str = "inform", 
 
 
 def read_signals(ws, who: Who | None = None, *, unread_only: bool = True, limit: int | None = None, env=None,
-                 after: int = 0, now: datetime | None = None) -> dict:
-    """Pure query: the caller's signals oldest first (unread only, or everything including history).
+                 after: int | None = None, budget_chars: int | None = None, now: datetime | None = None) -> dict:
+    """Pure query: one page of the caller's signals oldest first (unread only, or everything including
+    history): `signals`, `remaining`, `next_after` (signals.page; at most `limit`, default PAGE_LIMIT).
 
     Marks nothing delivered and nothing read (EP-0118's CQS); it only refreshes the heartbeat.
     """
     _check_limit(limit)
+    _check_after(after)
     with as_agent(ws, who, env=env, piggyback=False, mutation=False, now=now) as call:
         with call.store.read() as conn:
-            found = sig.query(conn, call.agent_id, unread_only=unread_only, include_history=not unread_only,
-                              after=after, limit=limit)
+            found = sig.page(conn, call.agent_id, unread_only=unread_only, after=after, limit=limit,
+                             budget_chars=budget_chars)
             latest = sig.latest_visible_sequence(conn, call.agent_id)
         call.finish()
-        return {"signals": found, "agent_id": call.agent_id, "session_id": call.session_id,
-                "latest_sequence": latest}
+        return {**found, "agent_id": call.agent_id, "session_id": call.session_id, "latest_sequence": latest}
+
+
+def _check_after(after) -> None:
+    if after is not None and (not isinstance(after, int) or isinstance(after, bool) or after < 0):
+        raise UsageError(f"after must be a signal sequence (a whole number >= 0), not {after!r}")
 
 
 def _check_limit(limit) -> None:
@@ -573,12 +604,15 @@ def signals_pending(ws, who: Who | None = None, *, env=None, method: str = "poll
     with as_agent(ws, who, env=env, piggyback=True, method=method, now=now) as call:
         call.beat_now()  # outside the write lock: the file write need not serialize writers
         with call.store.write() as conn:
-            return call.finish({}, conn, limit=limit, budget_chars=budget_chars)
+            # a page as big as read_signals' (the hooks pass their own cap)
+            return call.finish({}, conn, limit=sig.PAGE_LIMIT if limit is None else limit,
+                               budget_chars=sig.PAGE_BUDGET_CHARS if budget_chars is None else budget_chars)
 
 
 def inbox(ws, who: Who | None, session_id: str, agent_id: str, *, env=None, method: str = "push",
-          now: datetime | None = None) -> dict:
-    """The MCP inbox resource: the caller's own unread signals; those not yet delivered are marked with `method`.
+          limit: int | None = None, after: int | None = None, now: datetime | None = None) -> dict:
+    """The MCP inbox resource: a page of the caller's own unread signals (signals.page); the ones in it not
+    yet delivered are marked with `method`: exactly what the answer holds.
 
     Only the agent itself may read it, proven as for any verb (its run token included): the read marks
     signals delivered, so anyone else's read would steal the delivery. A stranger gets ForbiddenError, and
@@ -586,6 +620,8 @@ def inbox(ws, who: Who | None, session_id: str, agent_id: str, *, env=None, meth
     """
     validate_session_id(session_id)
     validate_agent_id(agent_id)
+    _check_limit(limit)
+    _check_after(after)
     who = who or Who()
     refusal = f"the inbox of {agent_id} in session {session_id} is read only by that agent itself"
     if who.agent_id is not None and who.agent_id != agent_id:
@@ -594,9 +630,10 @@ def inbox(ws, who: Who | None, session_id: str, agent_id: str, *, env=None, meth
         if (call.agent_id, call.session_id) != (agent_id, session_id):
             raise ForbiddenError(refusal)
         with call.store.write() as conn:
-            sig.drain(conn, agent_id, method, call.now, ws.config)
-            result = call.finish({"signals": sig.unread(conn, agent_id)}, conn)
-    del result["pending_signals"]
+            found = sig.page(conn, agent_id, unread_only=True, after=after, limit=limit)
+            sig.mark_delivered(conn, agent_id, found["signals"], method, call.now)
+            result = call.finish(found, conn)
+    del result["pending_signals"], result["pending_remaining"]
     return result
 
 
@@ -642,7 +679,7 @@ def follow_signals(ws, who: Who | None = None, *, unread_only: bool = True, limi
 def warn_sessions(ws, incident: dict, now: datetime | None = None) -> list[dict]:
     """The escalation writer's `warn`: a broadcast from `synapolis.watchdog` into each active session
     the incident's agent is registered in (every active session for `@global`)."""
-    now = _now(now)
+    now = _now(now, ws)
     agent = str(incident.get("agent_id") or "@global")
     targets = active_sessions(ws) if agent.startswith("@") else sessions_of_agent(ws, agent)
     condition = incident.get("condition", "failing")
@@ -679,7 +716,7 @@ def _read_scope(ws, call, session_id: str | None, several_ok: bool = False) -> l
 
 def _finish_read(call, result: dict) -> dict:
     if call is None:
-        result["pending_signals"] = []
+        result["pending_signals"], result["pending_remaining"] = [], 0
         return result
     return call.finish(result)
 
@@ -700,17 +737,18 @@ def list_agents(ws, who: Who | None = None, *, session_id: str | None = None, en
                 now: datetime | None = None) -> dict:
     """The session's agents (every active session's when none is named or resolved) with registry
     status and their heartbeat's effective status."""
-    from .status import status_of_agent
+    from .status import status_of_agent_anywhere
 
-    now = _now(now)
+    now = _now(now, ws)
     with as_agent(ws, _who(who, session_id), env=env, piggyback=piggyback, mutation=False, required=False,
                   now=now) as call:
         agents = []
+        copies: dict = {}  # a shared store's heartbeat copies, read once at the first agent with no file here
         for sid, conn in _stores(ws, call, _read_scope(ws, call, session_id, several_ok=True)):
             for r in conn.agents():
                 agents.append({"id": r["id"], "session_id": sid, "harness": r["harness"],
                                "substrate": r["substrate"] or None, "status": r["status"],
-                               "effective_status": status_of_agent(ws.paths, r["id"], now, ws.config),
+                               "effective_status": status_of_agent_anywhere(ws, r["id"], now, copies),
                                "last_heartbeat": r["last_heartbeat"], "joined_at": r["joined_at"],
                                "live": is_live(r, now, ws.config)})
         return _finish_read(call, {"agents": agents})
@@ -718,20 +756,60 @@ def list_agents(ws, who: Who | None = None, *, session_id: str | None = None, en
 
 def note(ws, who: Who | None, text: str, *, env=None, piggyback: bool = True, now: datetime | None = None) -> dict:
     """Append to the session's notes bus."""
+    board.check_note(text, ws.config)
     with as_agent(ws, who, env=env, piggyback=piggyback, now=now) as call:
-        record = board.append_note(ws, call.session_id, call.agent_id, text, call.now)
-        return call.finish({"note": record})
+        call.beat_now()  # outside the locks: the file write need not serialize writers
+        # all or nothing: the store's write lock first (busy: nothing appended, exit 8), and a failure
+        # after the append (the commit) takes the note back, so a retry never duplicates it
+        with store_for(ws).note_appender(call.session_id) as add, call.store.write() as conn:
+            return call.finish({"note": add(conn, call.agent_id, text, call.now)}, conn)
 
 
-def read_notes(ws, who: Who | None = None, *, session_id: str | None = None, limit: int = 50, env=None,
-               piggyback: bool = True, now: datetime | None = None) -> dict:
-    """The newest `limit` notes of the session, oldest first."""
+NOTES_BUDGET_CHARS = 48 * 1024  # JSON characters of notes in one answer (a note may be max_content_bytes long)
+
+
+def read_notes(ws, who: Who | None = None, *, session_id: str | None = None, limit: int = 50,
+               before: int | None = None, budget_chars: int | None = None, env=None, piggyback: bool = True,
+               now: datetime | None = None) -> dict:
+    """A page of the session's notes, oldest first: the newest `limit` (below seq `before` when given) that
+    fit `budget_chars`, with `remaining` (older notes) and `next_before` (the next page's `before`)."""
     _check_limit(limit)
+    if before is not None and (not isinstance(before, int) or isinstance(before, bool) or before < 1):
+        raise UsageError(f"before must be a note seq (a whole number >= 1), not {before!r}")
+    budget_chars = NOTES_BUDGET_CHARS if budget_chars is None else budget_chars
     with as_agent(ws, _who(who, session_id), env=env, piggyback=piggyback, mutation=False, required=False,
                   now=now) as call:
         scope = _read_scope(ws, call, session_id)
-        notes = board.read_notes(ws, scope[0], limit) if scope else []
-        return _finish_read(call, {"notes": notes, "session_id": scope[0] if scope else None})
+        notes = _notes_page(ws, scope[0], limit, before) if scope else []
+        notes = notes[len(notes) - _fit_newest(notes, budget_chars):]
+        remaining = max(0, notes[0]["seq"] - 1) if notes else 0  # seqs count up from 1 (board.append_note)
+        return _finish_read(call, {"notes": notes, "session_id": scope[0] if scope else None,
+                                   "remaining": remaining, "next_before": notes[0]["seq"] if remaining else None})
+
+
+def _notes_page(ws, session_id: str, limit: int, before: int | None) -> list[dict]:
+    """The newest `limit` notes below `before`: the store reads them from the end, and seqs are unique
+    and increasing, so the newest `limit + (last - before + 1)` notes hold them all."""
+    store = store_for(ws)
+    if before is None:
+        return store.read_notes(session_id, limit)
+    newest = store.read_notes(session_id, 1)
+    if not newest:
+        return []
+    skip = max(0, newest[-1]["seq"] - before + 1)
+    return [n for n in store.read_notes(session_id, limit + skip) if n["seq"] < before][-limit:]
+
+
+def _fit_newest(notes: list[dict], budget_chars: int) -> int:
+    """How many of the newest `notes` fit `budget_chars` as JSON (at least one, so paging never stalls)."""
+    import json
+
+    used = 0
+    for count, item in enumerate(reversed(notes)):
+        used += len(json.dumps(item["text"])) + len(item["agent_id"]) + 80
+        if used > budget_chars and count > 0:
+            return count
+    return len(notes)
 
 
 def whiteboard_write(ws, who: Who | None, key: str, value: str, *, env=None, piggyback: bool = True,
@@ -776,9 +854,11 @@ def claim(ws, who: Who | None, item: str, *, ttl_s: float | None = None, wait_s:
     claims.check_wait(wait_s)
     with as_agent(ws, who, env=env, piggyback=piggyback, need_session=False, need_registration=False,
                   now=now) as call:
+        call.beat_now()  # first: a refresh that fails (a full disk) leaves the claim untouched
         record = claims.claim(ws, item, call.agent_id, session_id=call.session_id, ttl_s=ttl_s, wait_s=wait_s,
                               now=now)
-        return call.finish({"claim": dict(record), "event": getattr(record, "event", None)})
+        # the claim happened: a busy store only costs the piggyback, never the verb's exit code
+        return call.finish({"claim": dict(record), "event": getattr(record, "event", None)}, best_effort=True)
 
 
 def release(ws, who: Who | None, item: str, *, force: bool = False, reason: str | None = None, env=None,
@@ -790,8 +870,9 @@ def release(ws, who: Who | None, item: str, *, force: bool = False, reason: str 
     claims.check_force(force, reason)
     with as_agent(ws, who, env=env, piggyback=piggyback, need_session=False, need_registration=False,
                   now=now) as call:
+        call.beat_now()  # first: a refresh that fails (a full disk) leaves the claim untouched
         record = claims.release(ws, item, call.agent_id, force=force, reason=reason, now=now)
-        return call.finish({"claim": dict(record), "event": getattr(record, "event", None)})
+        return call.finish({"claim": dict(record), "event": getattr(record, "event", None)}, best_effort=True)
 
 
 def list_claims(ws, who: Who | None = None, *, env=None, piggyback: bool = True, now: datetime | None = None) -> dict:
@@ -807,4 +888,5 @@ def claim_check(ws, who: Who | None, item: str, token, *, env=None, now: datetim
     """The fencing check: the live claim record, StaleToken (exit 7) or NotFoundError (exit 6)."""
     from . import claims
 
-    return {"claim": claims.check(ws, item, token, now=now), "live": True, "pending_signals": []}
+    return {"claim": claims.check(ws, item, token, now=now), "live": True, "pending_signals": [],
+            "pending_remaining": 0}

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import stat
 import sys
 import time
 
@@ -90,12 +92,47 @@ def atomic_write_bytes(path: Path | str, data: bytes, durable: bool = True, mode
     except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        if isinstance(exc, OSError) and exc.filename == tmp:
+        if isinstance(exc, OSError) and exc.filename in (None, tmp):
             # say which file could not be written (a directory in its place...), not our temporary name
             raise OSError(exc.errno, exc.strerror, os.fspath(path)) from None
         raise
     if durable:
         _fsync_dir(folder)
+
+
+@contextlib.contextmanager
+def restorable(*paths):
+    """Keep the files now at `paths` for the body; if the body raises, put every one back as it was.
+
+    The old files are kept as hard links (temp names, so readers skip them) and renamed back on failure,
+    which needs no free space: several files and a log entry (JsonlLog) change all together or not at
+    all, even on a full disk. A file that did not exist is removed again.
+    """
+    kept = []  # (path, backup or None)
+    try:
+        for path in map(os.fspath, paths):
+            folder, name = os.path.split(path)
+            backup = os.path.join(folder or ".", f"{TEMP_PREFIX}{name}.{os.getpid()}.{os.urandom(4).hex()}.previous"
+                                  f"{TEMP_SUFFIX}")
+            try:
+                os.link(path, backup, follow_symlinks=False)
+            except FileNotFoundError:
+                backup = None
+            kept.append((path, backup))
+        yield
+    except BaseException:
+        for path, backup in reversed(kept):
+            with contextlib.suppress(OSError):
+                if backup is not None:
+                    os.replace(backup, path)
+                else:
+                    os.unlink(path)
+        raise
+    finally:
+        for _path, backup in kept:
+            if backup is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(backup)
 
 
 def dumps(document) -> str:
@@ -107,22 +144,61 @@ def atomic_write_json(path: Path | str, document, durable: bool = True, mode: in
     atomic_write_bytes(path, dumps(document).encode("utf-8"), durable=durable, mode=mode)
 
 
-# O_NONBLOCK: a FIFO where a state file belongs reads as empty (not JSON) instead of blocking
-# every verb forever, waiting for a writer; on a regular file it changes nothing.
-_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+# O_NONBLOCK: a FIFO where a state file belongs is never waited on (open() of a FIFO waits for a writer);
+# on a regular file it changes nothing. Whatever is opened must then be a regular file (open_regular).
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_READ_FLAGS = os.O_RDONLY | _NONBLOCK | _CLOEXEC
+# appends never go through a symbolic link: a planted link would write outside the state directory
+_APPEND_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | _NOFOLLOW | _NONBLOCK | _CLOEXEC
+
+# The largest state document any reader takes in: a heartbeat, claim, identity, session, config or monitor
+# file is a few kilobytes (a monitor of 10,000 agents a few megabytes); anything bigger is not ours (a
+# symlink to a huge file) and reads as unreadable instead of exhausting memory.
+MAX_READ_BYTES = 64 * 1024 * 1024
 
 
-def read_bytes(path: Path | str) -> bytes:
-    """The whole file at `path`; OSError as `open` raises it, but never blocks on a FIFO."""
-    fd = os.open(path, _READ_FLAGS)
+def open_regular(path: Path | str, flags: int = _READ_FLAGS, mode: int = 0o644) -> int:
+    """`os.open`, then refuse anything but a regular file (a FIFO, a device such as /dev/zero, a folder):
+    OSError naming `path`. With O_NOFOLLOW in `flags`, a symbolic link is refused the same way."""
+    try:
+        fd = os.open(path, flags, mode)
+    except OSError as exc:
+        if flags & _NOFOLLOW and exc.errno == errno.ELOOP:
+            raise OSError(errno.ELOOP, "is a symbolic link: nothing is written through one", os.fspath(path)) from None
+        raise
+    try:
+        info = os.fstat(fd)
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise OSError(errno.EISDIR, "Is a directory", os.fspath(path))
+        raise OSError(errno.EINVAL, "not a regular file (a FIFO, socket or device is never read or written)",
+                      os.fspath(path))
+    return fd
+
+
+def read_bytes(path: Path | str, limit: int | None = None) -> bytes:
+    """The whole regular file at `path`, at most `limit` bytes (MAX_READ_BYTES); OSError as `open` raises
+    it, or for a file that is not regular or is larger than `limit`. Never blocks on a FIFO."""
+    limit = MAX_READ_BYTES if limit is None else limit
+    fd = open_regular(path)
     try:
         chunks = []
+        size = 0
         while True:
-            chunk = os.read(fd, 1 << 20)
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
             if not chunk:
                 return b"".join(chunks)
             chunks.append(chunk)
-    except OSError as exc:  # os.read names no file (a directory where this file belongs: say which)
+            size += len(chunk)
+            if size > limit:
+                raise OSError(errno.EFBIG, f"larger than {limit} bytes: not a state document", os.fspath(path))
+    except OSError as exc:  # os.read names no file: say which
         raise OSError(exc.errno, exc.strerror, os.fspath(path)) from None
     finally:
         os.close(fd)
@@ -179,7 +255,8 @@ def locked(lock_path: Path | str, blocking: bool = True, timeout: float | None =
     `timeout` seconds (LOCK_TIMEOUT_S by default), then raises BusyError.
     """
     _make_parent(lock_path)
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    # never through a planted link (it would create a file elsewhere), never a FIFO or a device
+    fd = open_regular(lock_path, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _NONBLOCK | _CLOEXEC, 0o644)
     try:
         if blocking:
             _lock_within(fd, lock_path, LOCK_TIMEOUT_S if timeout is None else timeout)
@@ -195,47 +272,151 @@ def locked(lock_path: Path | str, blocking: bool = True, timeout: float | None =
         os.close(fd)
 
 
-def append_jsonl(path: Path | str, *records: dict) -> None:
-    """Append complete JSON lines under an exclusive lock on the file itself."""
-    _make_parent(path)
-    payload = "".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n" for r in records)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        _lock_within(fd, path, LOCK_TIMEOUT_S)
+class JsonlLog:
+    """An append-only JSON-lines file, opened and locked (its own flock) for the `with` body.
+
+    Opening refuses a symbolic link, a FIFO or anything else that is not a regular file; the lock waits
+    at most `timeout` seconds (LOCK_TIMEOUT_S), then BusyError, before anything is written. `append`
+    writes whole lines or nothing: a short write, a full disk, a file-size limit (EFBIG, SIGXFSZ ignored)
+    or a failed fsync truncates the file back to its old length and raises, so no torn line is left
+    behind and no caller reports success for data that is not durably there. `undo(offset)` takes back
+    what this holder appended (a later step of the same operation failed).
+    """
+
+    def __init__(self, path: Path | str, timeout: float | None = None):
+        self.path = os.fspath(path)
+        self.timeout = LOCK_TIMEOUT_S if timeout is None else timeout
+        self.fd: int | None = None
+
+    def __enter__(self) -> "JsonlLog":
+        _make_parent(self.path)
+        fd = open_regular(self.path, _APPEND_FLAGS, 0o644)
         try:
-            # A writer killed mid-line leaves a fragment; start on a fresh line so ours stays whole.
-            size = os.fstat(fd).st_size
-            if size:
-                with open(path, "rb") as reader:
-                    reader.seek(size - 1)
-                    if reader.read(1) != b"\n":
-                        payload = "\n" + payload
-            os.write(fd, payload.encode("utf-8"))
-            os.fsync(fd)
-        finally:
+            _lock_within(fd, self.path, self.timeout)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        fd, self.fd = self.fd, None
+        try:
             _unlock_fd(fd)
-    finally:
-        os.close(fd)
+        finally:
+            os.close(fd)
+
+    def append(self, *records: dict, verify: bool = False) -> int:
+        """Append `records` as complete lines, fsynced; returns the offset they start at (the old length).
+
+        With `verify`, the written bytes are read back and compared before returning (the ledger's merge
+        clears staged memories only after this).
+        """
+        payload = "".join(json.dumps(r, ensure_ascii=False, separators=(",", ":")) + "\n" for r in records)
+        data = payload.encode("utf-8")
+        fd = self.fd
+        size = os.fstat(fd).st_size
+        # A writer killed mid-line leaves a fragment; start on a fresh line so ours stays whole.
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            data = b"\n" + data
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                if written <= 0:  # pragma: no cover - os.write raises rather than writing nothing
+                    raise OSError(errno.EIO, "the disk took no bytes")
+                view = view[written:]
+            os.fsync(fd)
+            if verify and os.pread(fd, len(data), size) != data:
+                raise OSError(errno.EIO, "what was read back differs from what was written")
+        except OSError as exc:
+            self._truncate(size)
+            raise OSError(exc.errno, f"{exc.strerror or exc}; nothing was appended", self.path) from None
+        except BaseException:
+            self._truncate(size)
+            raise
+        return size
+
+    def undo(self, offset: int) -> None:
+        """Take back everything appended from `offset` on (this holder's own lines: the lock is still held)."""
+        self._truncate(offset)
+
+    def _truncate(self, size: int) -> None:
+        with contextlib.suppress(OSError):
+            os.ftruncate(self.fd, size)
+            os.fsync(self.fd)
 
 
-def read_jsonl(path: Path | str) -> list[dict]:
-    """Every complete, parseable line; a torn or broken line is skipped, never fatal."""
+def append_jsonl(path: Path | str, *records: dict, verify: bool = False) -> int:
+    """Append complete JSON lines under an exclusive lock on the file itself (see JsonlLog); returns the
+    offset they start at. Whole lines, durably written, or nothing and an OSError naming the file."""
+    with JsonlLog(path) as log:
+        return log.append(*records, verify=verify)
+
+
+def _parse_line(line: bytes):
+    if not line.strip():
+        return None
     try:
-        with open(path, "rb") as handle:
-            raw = handle.read()
+        value = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def read_jsonl(path: Path | str, limit: int | None = None) -> list[dict]:
+    """Every complete, parseable line; a torn or broken line is skipped, never fatal.
+
+    A log that is not a regular file (a FIFO, a device) reads as empty. At most `limit` bytes (default
+    MAX_READ_BYTES) from the end are read, so a planted or runaway log never exhausts memory: the oldest
+    lines past that are left out.
+    """
+    limit = MAX_READ_BYTES if limit is None else limit
+    try:
+        fd = open_regular(path)
     except FileNotFoundError:
         return []
-    records = []
-    for line in raw.split(b"\n"):
-        if not line.strip():
-            continue
-        try:
-            value = json.loads(line)
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-            continue
-        if isinstance(value, dict):
-            records.append(value)
-    return records
+    except OSError:
+        return []
+    try:
+        size = os.fstat(fd).st_size
+        start = max(0, size - limit)
+        raw = os.pread(fd, size - start, start) if size else b""
+    finally:
+        os.close(fd)
+    lines = raw.split(b"\n")
+    if start:
+        lines = lines[1:]  # cut by the limit: not a whole line
+    return [r for r in map(_parse_line, lines) if r is not None]
+
+
+TAIL_BLOCK = 65536
+
+
+def iter_jsonl_backwards(path: Path | str, block: int = TAIL_BLOCK):
+    """The parseable lines of a JSON-lines file, newest first, reading backwards from the end in blocks:
+    the newest few of a huge log cost a block, not the log. Torn or broken lines are skipped; a missing
+    file or one that is not regular yields nothing."""
+    try:
+        fd = open_regular(path)
+    except OSError:
+        return
+    try:
+        position = os.fstat(fd).st_size
+        carry = b""  # the start of a line whose beginning lies in an earlier block
+        while position > 0:
+            step = min(block, position)
+            position -= step
+            chunk = os.pread(fd, step, position) + carry
+            lines = chunk.split(b"\n")
+            carry = lines[0] if position > 0 else b""
+            complete = lines[1:] if position > 0 else lines
+            for line in reversed(complete):
+                record = _parse_line(line)
+                if record is not None:
+                    yield record
+    finally:
+        os.close(fd)
 
 
 def old_temp_files(directory: Path | str, older_than_s: float = 3600.0, now: float | None = None) -> list[Path]:

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import json
-import os
+import contextlib
 from datetime import datetime
 
-from .atomic import append_jsonl, locked, read_jsonl
+from .atomic import JsonlLog, iter_jsonl_backwards, locked
 from .errors import NotFoundError, UsageError
 from .names import check_text
 from .sessions import ts
 from .timeutil import format_ts
 
 MAX_KEY = 200
-_TAIL_BLOCK = 65536
 
 
 def _check_text(text, what: str, config, allow_empty: bool = False) -> str:
@@ -68,48 +66,64 @@ def read_entries(tx) -> list[dict]:
 
 def _last_seq(path) -> int:
     """The seq of the last complete note, reading backwards from the end (a torn tail is skipped)."""
-    try:
-        handle = open(path, "rb")
-    except FileNotFoundError:
-        return 0
-    with handle:
-        end = handle.seek(0, os.SEEK_END)
-        tail = b""
-        position = end
-        while position > 0:
-            step = min(_TAIL_BLOCK, position)
-            position -= step
-            handle.seek(position)
-            tail = handle.read(step) + tail
-            lines = tail.split(b"\n")
-            # lines[0] may be cut by the block boundary unless we reached the start of the file
-            complete = lines if position == 0 else lines[1:]
-            for line in reversed(complete):
-                try:
-                    record = json.loads(line)
-                except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-                    continue
-                if isinstance(record, dict) and isinstance(record.get("seq"), int):
-                    return record["seq"]
+    for record in iter_jsonl_backwards(path):
+        if type(record.get("seq")) is int:
+            return record["seq"]
     return 0
+
+
+def check_note(text, config) -> str:
+    """The note's text, or UsageError before anything is written."""
+    return _check_text(text, "note", config)
+
+
+@contextlib.contextmanager
+def note_appender(ws, session_id: str):
+    """`with note_appender(ws, sid) as add:` — `add(agent_id, text, now)` appends one note and returns it.
+
+    The session's notes lock is held for the whole body, so `seq` is unique and increasing; when the body
+    raises after the append (the same verb's store transaction failed), the note is taken back, so a
+    verb that fails has appended nothing and a retry never duplicates it.
+    """
+    path = ws.paths.session_notes(session_id)
+    with locked(ws.paths.lock(f"notes.{session_id}")), JsonlLog(path) as log:
+        appended = []
+
+        def add(agent_id: str, text: str, now: datetime) -> dict:
+            check_note(text, ws.config)
+            record = {"seq": _last_seq(path) + 1, "at": format_ts(now, micro=True), "agent_id": agent_id,
+                      "text": text}
+            appended.append(log.append(record))
+            return record
+
+        try:
+            yield add
+        except BaseException:
+            if appended:
+                log.undo(appended[0])
+            raise
 
 
 def append_note(ws, session_id: str, agent_id: str, text: str, now: datetime) -> dict:
     """Append one note; `seq` is assigned under a per-session lock, so it is unique and increasing."""
-    _check_text(text, "note", ws.config)
-    path = ws.paths.session_notes(session_id)
-    with locked(ws.paths.lock(f"notes.{session_id}")):
-        record = {"seq": _last_seq(path) + 1, "at": format_ts(now, micro=True), "agent_id": agent_id, "text": text}
-        append_jsonl(path, record)
-    return record
+    check_note(text, ws.config)
+    with note_appender(ws, session_id) as add:
+        return add(agent_id, text, now)
 
 
 def read_notes(ws, session_id: str, limit: int = 50) -> list[dict]:
-    """The newest `limit` notes, oldest first."""
+    """The newest `limit` notes, oldest first, read backwards from the end of the file: the cost is the
+    newest notes, not the whole bus."""
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
         raise UsageError(f"limit must be a positive whole number, not {limit!r}")
-    notes = [r for r in read_jsonl(ws.paths.session_notes(session_id)) if _is_note(r)]
-    return notes[-limit:]
+    newest = []
+    for record in iter_jsonl_backwards(ws.paths.session_notes(session_id)):
+        if _is_note(record):
+            newest.append(record)
+            if len(newest) >= limit:
+                break
+    newest.reverse()
+    return newest
 
 
 def _is_note(record: dict) -> bool:

@@ -6,16 +6,17 @@ import contextlib
 import hashlib
 import json
 import math
+import os
 import random
 import threading
 import time
 from datetime import datetime, timedelta
 
-from .atomic import append_jsonl, atomic_write_json, json_files, read_json, read_json_or
+from .atomic import JsonlLog, atomic_write_json, json_files, open_regular, read_json, restorable
 from .errors import (BusyError, ConflictError, ForbiddenError, InternalError, NotFoundError, StaleToken,
                      SynapolisError, UsageError)
 from .names import check_text, validate_agent_id, validate_claim_item, validate_session_id
-from .status import CLAIMABLE_FROM, status_of_agent
+from .status import CLAIMABLE_FROM, status_of_agent_anywhere
 from .timeutil import UTC, format_ts, humanize_age, parse_ts, utcnow
 
 SCHEMA_VERSION = 1
@@ -103,19 +104,45 @@ def _load(ws, item: str, path) -> tuple[dict | None, bool]:
     return (doc if _is_record(doc, item) else None), True
 
 
-def _high_water(ws, item: str, record: dict | None) -> int:
+def _known_path(ws, item: str) -> str:
+    """The marker saying `item` was claimed here before: `.locks/claims-known/<stem>`, an empty file kept
+    with the item's lock file (claims/ holds claim files only)."""
+    return os.path.join(ws.paths.locks, "claims-known", encode_item(item))
+
+
+def _mark_known(ws, item: str) -> bool:
+    """Make the marker under the item's lock, before any claim file of `item` is written; whether it
+    was there already (a stat, when it was)."""
+    path = _known_path(ws, item)
+    if os.path.lexists(path):
+        return True
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    # O_EXCL | O_NOFOLLOW: never through a link someone planted; one that appeared since is as good
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644))
+    except FileExistsError:
+        pass
+    return False
+
+
+def _high_water(ws, item: str, record: dict | None, known: bool = True) -> int:
     """The highest token ever handed out for `item`.
 
     The claim file carries it and is written before a token is returned. Only when that file is gone
     or unreadable (a person edited or deleted it) do we fall back to the event log, so a token never
-    goes back even then.
+    goes back even then. An item with neither a file nor a `claims-known` marker (made before its first
+    claim file) was never claimed: no log to search, so a new claim costs the same however long the
+    log is.
     """
     if record is not None:
         return record["token"]
+    if not known:
+        return 0
     needle = json.dumps(item, ensure_ascii=False).encode("utf-8")
     best = 0
     try:
-        with open(ws.paths.claims_log, "rb") as handle:
+        # a FIFO or device planted as the log is never opened (open_regular), so this never hangs
+        with open(open_regular(ws.paths.claims_log), "rb") as handle:
             for line in handle:
                 if needle not in line:
                     continue
@@ -126,15 +153,20 @@ def _high_water(ws, item: str, record: dict | None) -> int:
                 token = event.get("token") if isinstance(event, dict) else None
                 if event.get("item") == item and isinstance(token, int) and not isinstance(token, bool):
                     best = max(best, token)
-    except FileNotFoundError:
+    except OSError:  # missing, or not a regular file: no history to go by
         pass
     return best
 
 
 # --- decisions -----------------------------------------------------------------------------------
 
-def _moment(now: datetime | None) -> datetime:
+def _moment(now: datetime | None, ws=None) -> datetime:
+    """`now` as given, else the store's clock (the database server's on a shared store: §12)."""
     if now is None:
+        if ws is not None:
+            from .store import store_for
+
+            return store_for(ws).now()
         return utcnow()
     return now.replace(tzinfo=UTC) if now.tzinfo is None else now
 
@@ -147,9 +179,10 @@ def claim_state(record: dict, now: datetime) -> str:
 
 
 def holder_status(ws, agent_id: str, now: datetime) -> str:
-    """The holder's effective status by the monitor's own function; 'invalid' for a name no agent has."""
+    """The holder's effective status by the monitor's own function; 'invalid' for a name no agent has.
+    On a shared store a holder on another machine is judged by its heartbeat copy there."""
     try:
-        return status_of_agent(ws.paths, agent_id, now, ws.config)
+        return status_of_agent_anywhere(ws, agent_id, now)
     except UsageError:
         return "invalid"
 
@@ -194,12 +227,100 @@ def _push(record: dict, transition: dict) -> None:
     del history[:-MAX_TRANSITIONS]
 
 
-def _commit(ws, path, record: dict, transition: dict) -> None:
-    """Persist the record (the token's high-water mark) first, then log the event."""
+def _event_of(record: dict, transition: dict) -> dict:
+    """The claims.jsonl line of one transition of `record`."""
+    return {"at": transition["at"], "item": record["item"],
+            **{k: v for k, v in transition.items() if k not in ("at", "log_at", "count")}}
+
+
+def _logged(log: JsonlLog, event: dict, offset) -> bool:
+    """Whether the line at `offset` of the claim log is `event` (the line a transition was written with)."""
+    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+        return True  # written before transitions carried their offset: nothing to compare
+    # (a line appended after a torn fragment starts one newline later)
+    line = os.pread(log.fd, 65536, offset).lstrip(b"\n").split(b"\n", 1)[0]
+    try:
+        found = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return False
+    return isinstance(found, dict) and all(found.get(k) == event.get(k) for k in ("at", "item", "event", "token"))
+
+
+def _repair(log: JsonlLog, record: dict | None, last) -> None:
+    """Log the transition `last` of `record` if its line is missing: a writer killed between replacing the
+    claim file and appending the event leaves the event only in the file; the next change logs it."""
+    if isinstance(last, dict) and "log_at" in last and not _logged(log, _event_of(record, last), last["log_at"]):
+        log.append({**_event_of(record, last), "recovered": True})
+
+
+def _commit(ws, slot, record: dict, transition: dict) -> None:
+    """Persist the record (the token's high-water mark) and log its event: both or neither."""
     _push(record, transition)
-    atomic_write_json(path, record)
-    append_jsonl(ws.paths.claims_log, {"at": transition["at"], "item": record["item"],
-                                      **{k: v for k, v in transition.items() if k != "at"}})
+    event = {"at": transition["at"], "item": record["item"], **{k: v for k, v in transition.items() if k != "at"}}
+    slot.write(record, event)
+
+
+class FileSlot:
+    """One item's claim on the SQLite store (files): `claims/<item>.json` and `claims.jsonl`, held under
+    the item's file lock. The PostgreSQL store has the same shape (store.postgres.ClaimSlot)."""
+
+    def __init__(self, ws, item: str):
+        self.ws, self.item = ws, item
+        self.path = claim_path(ws, item)
+        self.record, self.existed = _load(ws, item, self.path)
+        # under the item's lock, before any claim file of it is written; state dirs from before the
+        # marker get it on first use (their items have files, so `existed` says known)
+        self.known = _mark_known(ws, item) or self.existed
+
+    def high_water(self) -> int:
+        return _high_water(self.ws, self.item, self.record, self.known)
+
+    def write(self, record: dict, event: dict) -> None:
+        """The event log is locked first, so a busy log (BusyError) changes nothing; if the event cannot
+        be appended (a full disk, a file-size limit) the old claim file is put back (atomic.restorable).
+
+        Each transition records the offset of its line (`log_at`), so a writer killed between the file
+        and its line is repaired by the next change of the item (_repair).
+        """
+        history = record.get("transitions") or []
+        with self._log() as log, restorable(self.path):
+            _repair(log, record, history[-2] if len(history) >= 2 else None)
+            if history:
+                history[-1]["log_at"] = os.fstat(log.fd).st_size
+            atomic_write_json(self.path, record)
+            log.append(event)
+
+    def settle(self) -> None:
+        """Nothing changes (releasing a released claim), but a crashed change's missing line is logged."""
+        history = (self.record or {}).get("transitions") or []
+        if history:
+            with self._log() as log:
+                _repair(log, self.record, history[-1])
+
+    def _log(self) -> JsonlLog:
+        return JsonlLog(self.ws.paths.claims_log, timeout=self.ws.config.busy_timeout_ms / 1000.0)
+
+
+@contextlib.contextmanager
+def file_slot(ws, item: str):
+    """The SQLite store's claim slot: the item's file lock held for the body."""
+    with _item_lock(ws, item):
+        yield FileSlot(ws, item)
+
+
+def file_document(ws, item: str) -> tuple[dict | None, bool]:
+    return _load(ws, item, claim_path(ws, item))
+
+
+def file_documents(ws):
+    """(record or None, file name, error) of every claim file."""
+    for path in _claim_files(ws):
+        try:
+            doc = read_json(path)
+        except (OSError, ValueError) as exc:
+            yield None, path.name, str(exc)
+            continue
+        yield doc, path.name, "does not look like a claim record"
 
 
 class Claim(dict):
@@ -348,7 +469,7 @@ def claim(ws, item: str | None = None, agent_id: str | None = None, session_id: 
     while True:
         # a given `now` is exact for the first attempt; the retries of a wait move on from it
         elapsed = time.monotonic() - started if retried else 0.0
-        moment = utcnow() if now is None else _moment(now) + timedelta(seconds=elapsed)
+        moment = _moment(None, ws) if now is None else _moment(now) + timedelta(seconds=elapsed)
         try:
             record, event = _acquire(ws, item, agent_id, session_id, ttl, moment)
             return Claim(record, ws=ws, agent_id=agent_id, session_id=session_id, ttl_s=ttl, event=event)
@@ -361,17 +482,22 @@ def claim(ws, item: str | None = None, agent_id: str | None = None, session_id: 
             delay, retried = min(delay * 1.5, 0.5), True
 
 
+def _slot(ws, item: str):
+    from .store import store_for
+
+    return store_for(ws).claim_slot(item)
+
+
 def _acquire(ws, item: str, agent_id: str, session_id: str | None, ttl: float, now: datetime):
-    path = claim_path(ws, item)
     now_s = format_ts(now)
     expires_s = format_ts(now + timedelta(seconds=ttl))
-    with _item_lock(ws, item):
-        record, existed = _load(ws, item, path)
+    with _slot(ws, item) as slot:
+        record, existed = slot.record, slot.existed
         state = claim_state(record, now) if record else None
         if state == "held" and record["claimed_by"] == agent_id:
             record.update(renewed_at=now_s, ttl_s=ttl, expires_at=expires_s,
                           session_id=session_id or record.get("session_id"))
-            _commit(ws, path, record, {"at": now_s, "event": "renewed", "by": agent_id,
+            _commit(ws, slot, record, {"at": now_s, "event": "renewed", "by": agent_id,
                                        "token": record["token"], "expires_at": expires_s})
             return record, "renewed"
         transition = {"at": now_s, "event": "claimed", "by": agent_id}
@@ -393,7 +519,7 @@ def _acquire(ws, item: str, agent_id: str, session_id: str | None, ttl: float, n
                                    "holder_status": status, "expires_at": record["expires_at"]}
                 transition.update(event="taken_over", **{"from": holder, "from_token": record["token"]})
             transition["reason"] = reason
-        token = _high_water(ws, item, record) + 1
+        token = slot.high_water() + 1
         if existed and record is None:
             transition["recovered"] = True  # the old file was unreadable; the token came from the log
         history = list(record["transitions"]) if record else []
@@ -414,20 +540,21 @@ def _acquire(ws, item: str, agent_id: str, session_id: str | None, ttl: float, n
             "transitions": history,
         }
         transition.update(token=token, expires_at=expires_s)
-        _commit(ws, path, record, transition)
+        _commit(ws, slot, record, transition)
         return record, transition["event"]
 
 
-def _existing(ws, item: str, now: datetime | None = None):
-    """(path, record) of an item that has a claim file, else NotFoundError; nothing is created."""
+def _existing(ws, item: str, slot=None):
+    """The record of an item that was claimed (from `slot` when held), else NotFoundError; nothing is created."""
+    from .store import store_for
+
     validate_claim_item(item)
-    path = claim_path(ws, item)
-    record, existed = _load(ws, item, path)
+    record, existed = (slot.record, slot.existed) if slot is not None else store_for(ws).claim_document(item)
     if not existed:
         raise NotFoundError(f"{item} was never claimed", item=item)
     if record is None:
-        raise InternalError(f"the claim file {path} is unreadable; claim {item} again to repair it", item=item)
-    return path, record
+        raise InternalError(f"the claim record of {item} is unreadable; claim {item} again to repair it", item=item)
+    return record
 
 
 def renew(ws, item: str, agent_id: str, token: int, ttl_s: float | None = None,
@@ -439,13 +566,13 @@ def renew(ws, item: str, agent_id: str, token: int, ttl_s: float | None = None,
     validate_agent_id(agent_id)
     ttl = check_ttl(ttl_s, ws.config)
     _existing(ws, item)  # NotFound before any lock file is made
-    now = _moment(now)
-    with _item_lock(ws, item):
-        path, record = _existing(ws, item)
+    now = _moment(now, ws)
+    with _slot(ws, item) as slot:
+        record = _existing(ws, item, slot)
         _require_live(record, token, now, agent_id)
         now_s, expires_s = format_ts(now), format_ts(now + timedelta(seconds=ttl))
         record.update(renewed_at=now_s, ttl_s=ttl, expires_at=expires_s)
-        _commit(ws, path, record, {"at": now_s, "event": "renewed", "by": agent_id, "token": token,
+        _commit(ws, slot, record, {"at": now_s, "event": "renewed", "by": agent_id, "token": token,
                                    "expires_at": expires_s})
     return Claim(record, event="renewed")
 
@@ -460,13 +587,14 @@ def release(ws, item: str, agent_id: str, force: bool = False, reason: str | Non
     validate_claim_item(item)
     validate_agent_id(agent_id)
     check_force(force, reason)
-    now = _moment(now)
+    now = _moment(now, ws)
     _existing(ws, item)  # NotFound before any lock file is made
-    with _item_lock(ws, item):
-        path, record = _existing(ws, item)
+    with _slot(ws, item) as slot:
+        record = _existing(ws, item, slot)
         if token is not None:
             _require_live(record, token, now, agent_id, allow_expired=True)
         if record.get("released_at"):
+            slot.settle()  # a crashed change of it may still owe its log line
             return Claim(record, event=None)
         holder = record["claimed_by"]
         now_s = format_ts(now)
@@ -480,7 +608,7 @@ def release(ws, item: str, agent_id: str, force: bool = False, reason: str | Non
         if reason:
             transition["reason"] = reason.strip()
         record.update(released_at=now_s, released_by=agent_id, release_reason=transition.get("reason"))
-        _commit(ws, path, record, transition)
+        _commit(ws, slot, record, transition)
         return Claim(record, event=transition["event"])
 
 
@@ -510,8 +638,8 @@ def check(ws, item: str, token, now: datetime | None = None) -> dict:
     validate_claim_item(item)
     if isinstance(token, bool) or not isinstance(token, int):
         raise UsageError(f"a token is a whole number, not {token!r}")
-    _, record = _existing(ws, item)
-    _require_live(record, token, _moment(now))
+    record = _existing(ws, item)
+    _require_live(record, token, _moment(now, ws))
     return record
 
 
@@ -524,10 +652,11 @@ def _claim_files(ws):
 
 def held_items(ws, now: datetime | None = None) -> dict[str, list[str]]:
     """{agent_id: [items it holds now]} (unreleased, unexpired leases), for the monitor document."""
-    now = _moment(now)
+    from .store import store_for
+
+    now = _moment(now, ws)
     held: dict[str, list[str]] = {}
-    for path in _claim_files(ws):
-        doc = read_json_or(path)
+    for doc, _name, _error in store_for(ws).claim_documents():
         if _is_record(doc) and claim_state(doc, now) == "held":
             held.setdefault(doc["claimed_by"], []).append(doc["item"])
     return {agent: sorted(items) for agent, items in held.items()}
@@ -536,18 +665,14 @@ def held_items(ws, now: datetime | None = None) -> dict[str, list[str]]:
 def list_claims(ws, now: datetime | None = None) -> list[dict]:
     """Every claim file with its `state` (held/expired/released), the holder's effective status and
     whether another agent could take it now; an unreadable file is listed with state 'invalid'."""
-    now = _moment(now)
+    from .store import store_for
+
+    now = _moment(now, ws)
     statuses: dict[str, str] = {}
     out = []
-    for path in _claim_files(ws):
-        try:
-            doc = read_json(path)
-        except (OSError, ValueError) as exc:
-            doc, error = None, str(exc)
-        else:
-            error = "does not look like a claim record"
+    for doc, name, error in store_for(ws).claim_documents():
         if not _is_record(doc):
-            out.append({"item": None, "file": path.name, "state": "invalid", "error": error})
+            out.append({"item": None, "file": name, "state": "invalid", "error": error})
             continue
         entry = dict(doc)
         entry["state"] = claim_state(doc, now)
@@ -570,15 +695,15 @@ def reap(ws, now: datetime | None = None) -> list[dict]:
     A stale holder may still come back, so its claim stays (others may take it over, §9). An item
     whose lock is busy is left for the next pass rather than failing the whole pass.
     """
-    now = _moment(now)
+    now = _moment(now, ws)
     reaped = []
     for entry in list_claims(ws, now):
         if entry["state"] != "expired" and entry.get("holder_status") not in REAPED_HOLDER_STATUSES:
             continue
         item = entry["item"]
         try:
-            with _item_lock(ws, item):
-                path, record = _existing(ws, item)
+            with _slot(ws, item) as slot:
+                record = _existing(ws, item, slot)
                 state = claim_state(record, now)
                 if state == "released":
                     continue
@@ -588,7 +713,7 @@ def reap(ws, now: datetime | None = None) -> list[dict]:
                 reason = "expired" if state == "expired" else f"holder {status}"
                 now_s = format_ts(now)
                 record.update(released_at=now_s, released_by=None, release_reason=reason)
-                _commit(ws, path, record, {"at": now_s, "event": "reaped", "by": None, "token": record["token"],
+                _commit(ws, slot, record, {"at": now_s, "event": "reaped", "by": None, "token": record["token"],
                                            "from": record["claimed_by"], "reason": reason})
                 reaped.append(record)
         except SynapolisError:

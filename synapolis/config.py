@@ -30,7 +30,17 @@ def defaults() -> dict:
 
 
 _DURATIONS = ("stale_after_s", "dead_after_s", "clock_skew_s", "claim_ttl_s", "redeliver_after_s")
-_POSITIVE_INTS = ("rate_limit_per_min", "max_content_bytes", "monitor_keep", "busy_timeout_ms")
+# The largest value of each whole-number key that the code handles (standards/config.schema.json says the
+# same): content is held in memory several times over and 16 MiB is far beyond any signal or note; a rate
+# past a million per minute or a SQLite timeout past ten minutes stops meaning anything (and 1e20 overflows
+# the float and C int they become).
+MAX_INTS = {
+    "rate_limit_per_min": 1_000_000,
+    "max_content_bytes": 16 * 1024 * 1024,
+    "monitor_keep": 100_000,
+    "busy_timeout_ms": 600_000,
+}
+_POSITIVE_INTS = tuple(MAX_INTS)
 
 
 # Ten years. Beyond it `now - duration` leaves the calendar (OverflowError in every verb that asks
@@ -57,8 +67,8 @@ def check_config(document) -> list[str]:
                             f"not {document[key]!r}")
     for key in _POSITIVE_INTS:
         value = document.get(key, 1)
-        if not (isinstance(value, int) and not isinstance(value, bool) and value > 0):
-            problems.append(f"{key} must be a positive whole number, not {value!r}")
+        if not (isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_INTS[key]):
+            problems.append(f"{key} must be a whole number from 1 to {MAX_INTS[key]}, not {value!r}")
     if "require_run_token" in document and not isinstance(document["require_run_token"], bool):
         problems.append("require_run_token must be true or false")
     if "store" in document:
@@ -109,14 +119,9 @@ class Config:
 
     @property
     def notify_cmd(self) -> list[str] | None:
-        cmd = self.values["escalation"].get("notify_cmd")
-        if cmd is None:
-            return None
-        if isinstance(cmd, str):
-            import shlex  # only the escalation writer asks; not worth loading on every CLI call
-
-            return shlex.split(cmd)
-        return list(cmd)
+        """The notifier as a list of arguments; UsageError for a string that cannot be split (an unclosed
+        quote): the escalation writer records that as the notifier's failure and opens the incident."""
+        return split_notify_cmd(self.values["escalation"].get("notify_cmd"))
 
     @property
     def repeat_after_s(self) -> float:
@@ -129,6 +134,38 @@ class Config:
     @property
     def thresholds(self) -> dict:
         return {k: self.values[k] for k in ("stale_after_s", "dead_after_s", "clock_skew_s")}
+
+
+def split_notify_cmd(cmd) -> list[str] | None:
+    """`notify_cmd` as arguments: a list as it is, a string split the way a shell splits words (never run
+    through one); UsageError when the string cannot be split or leaves no command."""
+    if cmd is None:
+        return None
+    if not isinstance(cmd, str):
+        return list(cmd)
+    import shlex  # only the escalation writer and doctor ask; not worth loading on every CLI call
+
+    try:
+        words = shlex.split(cmd)
+    except ValueError as exc:
+        raise UsageError(f"escalation.notify_cmd {cmd!r} cannot be split into arguments ({exc})") from None
+    if not words:
+        raise UsageError(f"escalation.notify_cmd {cmd!r} names no command")
+    return words
+
+
+def notify_problems(document) -> list[str]:
+    """What is wrong with the notifier that the schema cannot say (doctor reports it; verbs never refuse
+    the config for it, so a broken notifier never stops the watchdog from opening incidents)."""
+    esc = document.get("escalation") if isinstance(document, dict) else None
+    cmd = esc.get("notify_cmd") if isinstance(esc, dict) else None
+    if not isinstance(cmd, str):
+        return []
+    try:
+        split_notify_cmd(cmd)
+    except UsageError as exc:
+        return [exc.message]
+    return []
 
 
 def merge_defaults(document: dict) -> dict:

@@ -10,8 +10,8 @@ import subprocess
 from pathlib import Path
 
 from . import hook_install
-from .atomic import TEMP_PREFIX, TEMP_SUFFIX, old_temp_files
-from .config import check_config
+from .atomic import TEMP_PREFIX, TEMP_SUFFIX, old_temp_files, read_bytes
+from .config import check_config, notify_problems
 from .errors import UsageError
 from .paths import CONFIG_NAME
 
@@ -143,7 +143,7 @@ def check_config_and_schemas(root: Path) -> list[dict]:
         results.append(finding("config", OK, f"no {CONFIG_NAME} yet: the defaults apply"))
         return results
     try:
-        document = json.loads(config_path.read_bytes().decode("utf-8"))
+        document = json.loads(read_bytes(config_path).decode("utf-8"))  # bounded, never a FIFO or device
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:  # Recursion: nested too deeply
         results.append(finding("config", FAIL, f"{config_path} is not valid JSON ({exc})",
                                f"fix the file by hand, or move it away and run `synapolis --state-dir {root} init`"))
@@ -151,6 +151,7 @@ def check_config_and_schemas(root: Path) -> list[dict]:
     problems = check_config(document)
     if not problems and "config" in schemas.SCHEMA_FILES and not broken:
         problems = [f"{e['pointer'] or '/'}: {e['message']}" for e in schemas.validation_errors("config", document)]
+    problems += notify_problems(document)
     if problems:
         results.append(finding("config", FAIL, f"{config_path}: " + "; ".join(problems),
                                "correct those keys (contract §1 lists every key and its default)"))
@@ -250,22 +251,20 @@ def _is_our_server(entry) -> bool:
 
 
 def _load_toml(path: Path):
+    from .harness_settings import load_toml
+
     try:
-        import tomllib  # Python 3.11+
-    except ModuleNotFoundError:  # pragma: no cover - 3.10
-        try:
-            import tomli as tomllib
-        except ModuleNotFoundError:
-            return None
-    with open(path, "rb") as handle:
-        return tomllib.load(handle)
+        return load_toml(path)
+    except UsageError as exc:
+        raise ValueError(exc.message) from None
 
 
-def check_harness(project: Path, harness: str) -> list[dict]:
+def check_harness(project: Path, harness: str, env=None) -> list[dict]:
+    env = os.environ if env is None else env
     spec = hook_install.harness_spec(harness)
     check = f"harness:{harness}"
     settings = hook_install.settings_file(project, harness)
-    install = f"synapolis hooks install {harness} --project-dir {project}"
+    install = f"synapolis hooks install {harness} --project-dir {shlex.quote(str(project))}"
     results = []
     try:
         document = hook_install.load_settings(settings)
@@ -281,17 +280,116 @@ def check_harness(project: Path, harness: str) -> list[dict]:
         results.append(finding(check, FAIL, f"{settings} has no synapolis hook for {', '.join(missing)}", install))
     else:
         results.append(finding(check, OK, f"hooks for {', '.join(spec.events)} in {settings}"))
-    if hook_install.hooks_disabled(document, harness):
-        results.append(finding(check, FAIL, f"{settings}: tools.enableHooks is false, so Gemini CLI runs no hooks",
-                               "set \"tools\": {\"enableHooks\": true} in that file"))
+    results.extend(check_hook_commands(document, harness, check, install, env))
+    if harness == "gemini-cli":
+        results.extend(_check_gemini(project, document, settings, check, env))
     if harness == "codex":
-        results.extend(_check_codex_features(project, check))
-    results.extend(_check_mcp(project, harness, check))
+        results.extend(_check_codex_features(project, check, env))
+        results.extend(_check_codex_trust(project, settings, document, check, install, env))
+    results.extend(_check_mcp(project, harness, check, env))
     return results
 
 
-def _check_codex_features(project: Path, check: str) -> list[dict]:
-    for config in (project / ".codex" / "config.toml", Path.home() / ".codex" / "config.toml"):
+# -- the command the hooks run ----------------------------------------------------------------------
+
+COMMAND_TIMEOUT_S = 20.0
+
+
+def _program_words(command: str, harness: str) -> list[str] | None:
+    """The words of an installed hook command before `hook HARNESS` (the program and its options)."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    for at in range(len(words) - 1):
+        if words[at] == "hook" and words[at + 1] == harness:
+            return words[:at] or None
+    return None
+
+
+def check_hook_commands(document: dict, harness: str, check: str, install: str, env) -> list[dict]:
+    """Each distinct command our hooks run: its program is found and answers `--version` (it really runs)."""
+    commands = []
+    for groups in (document.get("hooks") or {}).values():
+        for group in groups if isinstance(groups, list) else []:
+            for entry in (group.get("hooks") if isinstance(group, dict) else None) or []:
+                command = entry.get("command") if isinstance(entry, dict) else None
+                if hook_install.is_our_command(command, harness) and command not in commands:
+                    commands.append(command)
+    results = []
+    for command in commands:
+        words = _program_words(command, harness)
+        if not words:
+            results.append(finding(check, FAIL, f"cannot tell the program in the hook command {command!r}", install))
+            continue
+        program = words[0]
+        found = program if os.sep in program else shutil.which(program, path=env.get("PATH"))
+        if found is None or not (os.path.isfile(found) and os.access(found, os.X_OK)):
+            where = "does not exist or is not executable" if os.sep in program else "is not on PATH"
+            results.append(finding(check, FAIL, f"the hooks run {program}, which {where}, so every hook fails",
+                                   f"{install}   (writes the absolute path of this synapolis)"))
+            continue
+        # a state directory option is kept; only the program is asked who it is
+        probe = [found, *(w for w in words[1:] if w in ("-m", "synapolis")), "--version"]
+        try:
+            done = subprocess.run(probe, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S,
+                                  stdin=subprocess.DEVNULL, env=dict(env))
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            results.append(finding(check, FAIL, f"the hooks' program {found} does not run: {exc}", install))
+            continue
+        if done.returncode != 0 or "synapolis" not in done.stdout:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or [f"exit {done.returncode}"]
+            results.append(finding(check, FAIL, f"the hooks' program {found} does not run synapolis: {tail[0][:200]}",
+                                   install))
+            continue
+        bare = "" if os.sep in program else " (found on this PATH; the harness's PATH may differ)"
+        results.append(finding(check, OK, f"the hooks run {shlex.join(words)}: {done.stdout.strip()}{bare}"))
+    return results
+
+
+# -- what each harness's own settings decide --------------------------------------------------------
+
+def _check_gemini(project: Path, document: dict, settings: Path, check: str, env) -> list[dict]:
+    from . import harness_settings as hs
+
+    results = []
+    if hook_install.legacy_gemini_switch(document):
+        results.append(finding(check, WARN, f"{settings}: tools.enableHooks is not a Gemini CLI setting any more "
+                                            "(its schema rejects it, and it switches nothing)",
+                               "remove \"enableHooks\" from \"tools\" in that file; the switch is "
+                               "\"hooksConfig\": {\"enabled\": true}"))
+    enabled, decided_by = hs.gemini_hooks_switch(project, env)
+    if not enabled:
+        results.append(finding(check, FAIL, f"{decided_by}: hooksConfig.enabled is false, so Gemini CLI runs no hooks",
+                               f"in {decided_by} set \"hooksConfig\": {{\"enabled\": true}}"))
+    ours = {hook_install.HOOK_NAME} | {e.get("command") for g in (document.get("hooks") or {}).values()
+                                       if isinstance(g, list) for grp in g if isinstance(grp, dict)
+                                       for e in grp.get("hooks") or [] if isinstance(e, dict)}
+    off = [(name, path) for name, path in hs.gemini_disabled_hooks(project, env) if name in ours]
+    for name, path in off:
+        results.append(finding(check, FAIL, f"{path}: hooksConfig.disabled lists {name!r}, so Gemini CLI skips "
+                                            "synapolis's hooks", f"take {name!r} out of hooksConfig.disabled in {path}"))
+    trusted, how = hs.gemini_folder_trust(project, env)
+    if trusted is False:
+        results.append(finding(check, FAIL, f"{project} is an untrusted folder for Gemini CLI ({how}): it ignores "
+                                            ".gemini/settings.json there, hooks included",
+                               f"trust the folder: /permissions in gemini, or set \"{project}\": \"TRUST_FOLDER\" in {how}",
+                               topic="gemini_folder_trust"))
+    elif trusted is None:
+        results.append(finding(check, WARN, f"{project} is not in Gemini CLI's trusted folders ({how}) yet: until it "
+                                            "is trusted, Gemini ignores .gemini/settings.json and runs no project hook",
+                               "start gemini in the project and choose \"Trust folder\" (or /permissions later)",
+                               topic="gemini_folder_trust"))
+    elif enabled and not off:
+        results.append(finding(check, OK, f"Gemini CLI runs project hooks here (hooks switched on; trusted: {how})",
+                               topic="gemini_folder_trust"))
+    return results
+
+
+def _check_codex_features(project: Path, check: str, env=None) -> list[dict]:
+    from .harness_settings import codex_home
+
+    for config in (project / ".codex" / "config.toml", codex_home(env) / "config.toml"):
         try:
             document = _load_toml(config) if config.is_file() else None
         except (OSError, ValueError):
@@ -303,10 +401,53 @@ def _check_codex_features(project: Path, check: str) -> list[dict]:
     return []
 
 
-def _check_mcp(project: Path, harness: str, check: str) -> list[dict]:
+def _check_codex_trust(project: Path, settings: Path, document: dict, check: str, install: str, env) -> list[dict]:
+    """Codex runs a project's hooks only in a trusted project, each once its current hash is trusted."""
+    from . import harness_settings as hs
+
+    home = hs.codex_home(env)
+    config_path = home / "config.toml"
+    if env.get("CODEX_HOME") and not home.is_dir():
+        return [finding(check, FAIL, f"CODEX_HOME is {home}, which is not a directory: Codex will not start",
+                        f"mkdir -p {shlex.quote(str(home))} (or unset CODEX_HOME)")]
+    try:
+        config = hs.load_toml(config_path)
+    except UsageError as exc:
+        return [finding(check, FAIL, exc.message, f"repair {config_path}: Codex cannot start with it either")]
+    results = []
+    level, key = hs.codex_project_trust(project, config)
+    if level != "trusted":
+        said = "is marked untrusted" if level == "untrusted" else "is not a trusted project"
+        results.append(finding(check, FAIL, f"{key} {said} in {config_path}: Codex ignores {project}/.codex there, "
+                                            "hooks included",
+                               f"start codex in {project} and trust the project when asked, or add "
+                               f"[projects.{json.dumps(key)}] trust_level = \"trusted\" to {config_path}"))
+    ours = hs.codex_hooks(settings, document, lambda command: hook_install.is_our_command(command, "codex"))
+    states = hs.codex_hook_states(config)
+    by_status: dict[str, list[str]] = {}
+    for hook in ours:
+        by_status.setdefault(hs.codex_trust_status(hook, states), []).append(hook["event"])
+    trust = (f"start codex in {project} and choose \"Trust all and continue\" when it says hooks need review "
+             f"(or /hooks); or, having read them: {install} --trust")
+    for status, said in (("untrusted", "were never trusted"), ("modified", "changed since they were trusted")):
+        if by_status.get(status):
+            results.append(finding(check, FAIL, f"Codex skips the synapolis hooks for {', '.join(by_status[status])}: "
+                                                f"they {said} (hooks.state in {config_path})", trust))
+    if by_status.get("disabled"):
+        results.append(finding(check, FAIL, f"the synapolis hooks for {', '.join(by_status['disabled'])} are disabled "
+                                            f"in {config_path} (hooks.state ... enabled = false)",
+                               "enable them in codex with /hooks, or remove those enabled = false lines"))
+    if ours and set(by_status) == {"trusted"}:
+        results.append(finding(check, OK, f"Codex trusts the {len(ours)} synapolis hook(s) as they are now"))
+    return results
+
+
+def _check_mcp(project: Path, harness: str, check: str, env=None) -> list[dict]:
+    from .harness_settings import codex_home
+
     candidates = [project / MCP_FILES[harness]]
     if harness == "codex":
-        candidates.append(Path.home() / ".codex" / "config.toml")
+        candidates.append(codex_home(env) / "config.toml")
     for path in candidates:
         if not path.is_file():
             continue
@@ -325,25 +466,22 @@ def _check_mcp(project: Path, harness: str, check: str) -> list[dict]:
                     f"add to {candidates[0]}: {_mcp_snippet(harness)}")]
 
 
-def check_harnesses(project: Path) -> list[dict]:
+def check_harnesses(project: Path, env=None) -> list[dict]:
     wired = [h for h, spec in hook_install.HARNESSES.items()
              if (project / spec.settings_path).parent.is_dir()]
-    results = []
-    if wired and shutil.which("synapolis") is None:
-        results.append(finding("harness", FAIL, "the installed hooks run `synapolis`, which is not on PATH",
-                               "install synapolis where the harness finds it (pipx install synapolis) or add its bin to PATH"))
     if not wired:
-        return results + [finding("harness", WARN, f"no harness is wired up in {project}",
-                                  "synapolis hooks install claude-code   (or gemini-cli, codex)")]
+        return [finding("harness", WARN, f"no harness is wired up in {project}",
+                        "synapolis hooks install claude-code   (or gemini-cli, codex)")]
+    results = []
     for harness in wired:
-        results.extend(check_harness(project, harness))
+        results.extend(check_harness(project, harness, env))
     return results
 
 
 # -- all of it ----------------------------------------------------------------------------------
 
 def run_doctor(root: Path | str, project_dir: Path | str | None = None, *, mounts_file="/proc/mounts",
-               crontab_cmd: str = "crontab", now: float | None = None) -> dict:
+               crontab_cmd: str = "crontab", now: float | None = None, env=None) -> dict:
     """Every check on state directory `root`; `ok` is False when any finding failed (the CLI then exits 1).
 
     Takes the path, not a Workspace: opening one refuses a broken config, which is a finding here.
@@ -356,7 +494,10 @@ def run_doctor(root: Path | str, project_dir: Path | str | None = None, *, mount
     findings += check_config_and_schemas(root)
     findings += check_temp_files(root, now)
     findings += check_cron(root, crontab_cmd)
-    findings += check_harnesses(project)
+    findings += check_harnesses(project, env)
+    from .store.checks import check_store  # reachable, schema version, server clock (contract §12)
+
+    findings += check_store(root, env)
     counts = {s: sum(1 for f in findings if f["status"] == s) for s in (OK, WARN, FAIL)}
     return {"ok": counts[FAIL] == 0, "state_dir": str(root), "project_dir": str(project),
             "counts": counts, "findings": findings}

@@ -10,7 +10,7 @@ import signal
 import subprocess
 from datetime import datetime
 
-from .atomic import append_jsonl, atomic_write_json, json_files, locked, read_json, read_json_or, read_jsonl
+from .atomic import JsonlLog, atomic_write_json, json_files, locked, read_json, read_json_or, read_jsonl, restorable
 from .errors import InternalError, NotFoundError, UsageError
 from .names import validate_agent_id
 from .status import FAILING
@@ -238,7 +238,13 @@ def _deliver(ws, incident: dict, event: dict, on_alert=None) -> None:
             event["alert"] = {"ok": True}
         except Exception as exc:  # noqa: BLE001 - an alert hook must never stop the pass
             event["alert"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-    result = run_notifier(ws.config.notify_cmd, incident, event["event"], ws.config.notify_timeout_s)
+    try:
+        cmd = ws.config.notify_cmd
+    except UsageError as exc:  # an unsplittable string: the notifier fails, the incident still opens
+        result = {"at": format_ts(utcnow()), "event": event["event"], "ok": False, "exit_code": None,
+                  "error": exc.message}
+    else:
+        result = run_notifier(cmd, incident, event["event"], ws.config.notify_timeout_s)
     event["notify"] = result
     if result is not None:
         incident["notifications"] = (list(incident.get("notifications") or []) + [result])[-MAX_NOTIFICATIONS:]
@@ -248,6 +254,24 @@ def _log_record(event: dict, incident: dict) -> dict:
     record = {k: v for k, v in event.items() if k != "key_name"}
     record["incident"] = incident
     return record
+
+
+def _record(paths, changed: dict, records: list) -> None:
+    """Log the events, then write the changed incident files: all of it or none (a failure takes the log
+    lines back and puts the old files back, atomic.restorable). The log goes first so that even a crash
+    between the two never leaves an incident without its `opened` event (the next pass opens it again)."""
+    if not changed and not records:
+        return
+    files = {name: paths.escalation(name) for name in changed}
+    with JsonlLog(paths.escalations_log) as log, restorable(*files.values()):
+        offset = log.append(*records) if records else None
+        try:
+            for name, incident in changed.items():
+                atomic_write_json(files[name], incident)
+        except BaseException:
+            if offset is not None:
+                log.undo(offset)
+            raise
 
 
 def read_monitor(paths):
@@ -286,11 +310,8 @@ def run_escalation(ws, now: datetime | None = None, on_alert=None) -> dict:
         incidents, events = reconcile(monitor, current, now, ws.config)
         for event in events:
             _deliver(ws, incidents[event["key_name"]], event, on_alert)
-        for name, incident in incidents.items():
-            if incident != current.get(name):
-                atomic_write_json(paths.escalation(name), incident)
-        if events:
-            append_jsonl(paths.escalations_log, *(_log_record(e, incidents[e["key_name"]]) for e in events))
+        changed = {name: incident for name, incident in incidents.items() if incident != current.get(name)}
+        _record(paths, changed, [_log_record(e, incidents[e["key_name"]]) for e in events])
     records = [{k: v for k, v in e.items() if k != "key_name"} for e in events]
     return {
         "monitor_generated_at": monitor.get("generated_at"),
@@ -354,6 +375,5 @@ def ack(ws, incident_id: str, now: datetime | None = None) -> dict:
         _touch(incident, "acked", at, notify=False)
         event = _event("acked", name, incident, at)
         _deliver(ws, incident, event)
-        atomic_write_json(paths.escalation(name), incident)
-        append_jsonl(paths.escalations_log, _log_record(event, incident))
+        _record(paths, {name: incident}, [_log_record(event, incident)])
     return {"incident": incident, "acked": True}

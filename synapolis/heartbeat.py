@@ -37,8 +37,14 @@ def _is_schema_int(value) -> bool:
     return _is_int(value) or (isinstance(value, float) and value.is_integer())
 
 
-# an infinite ttl_s would be written as `Infinity`, which is not JSON: the file would turn invalid
-_INF = float("inf")
+# An infinite ttl_s would be written as `Infinity`, which is not JSON: the file would turn invalid.
+# The longest an agent may promise to stay silent (standards/heartbeat.schema.json says the same): a day.
+# Unbounded, `beat --ttl 1e308` would keep a silent agent `active`, and its claims held, forever.
+MAX_TTL_S = 86400
+
+
+def _ttl_ok(value) -> bool:
+    return _is_number(value) and 0 < value <= MAX_TTL_S
 
 
 def _is_number(value) -> bool:
@@ -92,7 +98,7 @@ def quick_check(doc) -> bool:
             return False
     if "started_at" in doc and not _ts_ok(doc["started_at"]):
         return False
-    if "ttl_s" in doc and not (_is_number(doc["ttl_s"]) and doc["ttl_s"] > 0):
+    if "ttl_s" in doc and not _ttl_ok(doc["ttl_s"]):
         return False
     for key in ("task", "note"):
         if key in doc and not (isinstance(doc[key], str) and len(doc[key]) <= MAX_TEXT):
@@ -173,6 +179,21 @@ def iter_heartbeat_paths(directory: Path | str) -> list[Path]:
 _UNSET = object()
 
 
+def check_fields(*, status=None, task=None, note=None, harness=None, substrate=None, ttl_s=None) -> None:
+    """UsageError for a field a beat cannot write; callers check before anything is written (§2)."""
+    if status is not None and status not in DECLARED_STATUSES:
+        raise UsageError(f"status must be one of {', '.join(DECLARED_STATUSES)}, not {status!r}")
+    if task is not None and len(task) > MAX_TEXT:
+        raise UsageError(f"task is longer than {MAX_TEXT} characters")
+    if note is not None and len(note) > MAX_TEXT:
+        raise UsageError(f"note is longer than {MAX_TEXT} characters")
+    for value, what in ((task, "task"), (note, "note"), (harness, "harness"), (substrate, "substrate")):
+        if isinstance(value, str):
+            check_text(value, what)
+    if ttl_s is not None and not _ttl_ok(ttl_s):
+        raise UsageError(f"ttl must be a positive number of seconds, at most {MAX_TTL_S}, not {ttl_s!r}")
+
+
 def write_heartbeat(paths, agent_id: str, *, harness: str | None = None, status: str | None = None,
                     task=_UNSET, note: str | None = None, ttl_s=_UNSET, substrate: str | None = None,
                     session_id: str | None = None, x: dict | None = None, now: str | None = None,
@@ -184,17 +205,8 @@ def write_heartbeat(paths, agent_id: str, *, harness: str | None = None, status:
     refresh by any verb changes only `beat_at` and `seq`; `note` belongs to one beat only.
     """
     validate_agent_id(agent_id)
-    if status is not None and status not in DECLARED_STATUSES:
-        raise UsageError(f"status must be one of {', '.join(DECLARED_STATUSES)}, not {status!r}")
-    if task is not _UNSET and task is not None and len(task) > MAX_TEXT:
-        raise UsageError(f"task is longer than {MAX_TEXT} characters")
-    if note is not None and len(note) > MAX_TEXT:
-        raise UsageError(f"note is longer than {MAX_TEXT} characters")
-    for value, what in ((task, "task"), (note, "note"), (harness, "harness"), (substrate, "substrate")):
-        if isinstance(value, str):
-            check_text(value, what)
-    if ttl_s is not _UNSET and ttl_s is not None and not (_is_number(ttl_s) and 0 < ttl_s < _INF):
-        raise UsageError(f"ttl must be a positive number of seconds, not {ttl_s!r}")
+    check_fields(status=status, task=None if task is _UNSET else task, note=note, harness=harness,
+                 substrate=substrate, ttl_s=None if ttl_s is _UNSET else ttl_s)
     files = paths.files  # plain strings: a beat never loads pathlib
     path = files.heartbeat(agent_id)
     os.makedirs(files.heartbeats, exist_ok=True)
@@ -226,7 +238,7 @@ def write_heartbeat(paths, agent_id: str, *, harness: str | None = None, status:
         started = previous.get("started_at") if _ts_ok(previous.get("started_at")) else None
         doc["started_at"] = started or stamp
         ttl = previous.get("ttl_s") if ttl_s is _UNSET else ttl_s
-        if _is_number(ttl) and 0 < ttl < _INF:
+        if _ttl_ok(ttl):
             doc["ttl_s"] = ttl
         current_task = previous.get("task") if task is _UNSET else task
         if isinstance(current_task, str) and current_task:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
+import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,23 +47,68 @@ def harness_spec(harness: str) -> HarnessSpec:
         raise UsageError(f"unknown harness {harness!r}: use one of {', '.join(HARNESSES)}") from None
 
 
+def program_command() -> list[str]:
+    """The command that runs this synapolis from anywhere: the absolute path of the running interpreter's
+    console script (a virtualenv's bin need not be on the harness's PATH), else that interpreter with -m."""
+    import sysconfig
+
+    name = "synapolis.exe" if os.name == "nt" else "synapolis"
+    folders = [os.path.dirname(os.path.abspath(sys.executable))]
+    for scheme in (sysconfig.get_default_scheme(), f"{os.name}_user"):
+        try:
+            folders.append(sysconfig.get_path("scripts", scheme))
+        except KeyError:
+            continue
+    for folder in folders:
+        script = os.path.join(folder, name)
+        if os.path.isfile(script) and os.access(script, os.X_OK):
+            return [script]
+    return [os.path.abspath(sys.executable), "-m", "synapolis"]
+
+
 def hook_command(harness: str) -> str:
-    # A bare name on PATH keeps a team-shared settings file portable between machines; `doctor`
-    # checks that `synapolis` really resolves.
-    return f"synapolis hook {harness}"
+    """`<absolute path to synapolis> hook HARNESS`, quoted for the shell the harness runs it with."""
+    return shlex.join([*program_command(), "hook", harness])
+
+
+def with_this_program(command: str, harness: str) -> str:
+    """`command` (one of ours) running this synapolis: its program words replaced, its options kept."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return hook_command(harness)
+    end = next((i + 1 for i, w in enumerate(words) if _is_program(w)), None)
+    return shlex.join([*program_command(), *words[end:]]) if end else hook_command(harness)
+
+
+def _is_program(word: str) -> bool:
+    return re.split(r"[\\/]", word)[-1] in ("synapolis", "synapolis.exe")
 
 
 def is_our_command(command, harness: str | None = None) -> bool:
-    """True for a hook command that runs `synapolis hook HARNESS` (any path to synapolis, any harness if None)."""
+    """True for a hook command that runs `synapolis [--state-dir DIR] hook HARNESS` (any path to synapolis,
+    `python -m synapolis` too; any harness if None)."""
     if not isinstance(command, str):
         return False
-    which = re.escape(harness) if harness else r"[A-Za-z0-9_-]+"
-    return re.search(rf"(^|[\s/\\\"'])synapolis(\.exe)?[\"']?\s+(--state-dir\s+\S+\s+)?hook\s+{which}(\s|$)",
-                     command) is not None
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return False
+    for at, word in enumerate(words):
+        if not _is_program(word):
+            continue
+        rest = words[at + 1:]
+        if rest[:1] == ["--state-dir"]:
+            rest = rest[2:]
+        elif rest[:1] and rest[0].startswith("--state-dir="):
+            rest = rest[1:]
+        if len(rest) >= 2 and rest[0] == "hook" and (rest[1] == harness or (harness is None and rest[1] in HARNESSES)):
+            return True
+    return False
 
 
-def _entry(spec: HarnessSpec) -> dict:
-    entry = {"type": "command", "command": hook_command(spec.name), "timeout": spec.timeout}
+def _entry(spec: HarnessSpec, command: str) -> dict:
+    entry = {"type": "command", "command": command, "timeout": spec.timeout}
     if spec.name == "gemini-cli":
         # Gemini names hooks for `/hooks enable|disable` and de-duplicates on name + command.
         entry = {"name": HOOK_NAME, **entry, "description": "synapolis heartbeat and signal delivery"}
@@ -118,13 +166,26 @@ def installed_events(document: dict, harness: str) -> list[str]:
     return found
 
 
-def merge_install(document: dict, harness: str, path: Path = Path("settings.json")) -> tuple[dict, list[str]]:
-    """A copy of `document` with our entry in every event that lacks it, and the events added."""
+def merge_install(document: dict, harness: str, path: Path = Path("settings.json"),
+                  command: str | None = None) -> tuple[dict, list[str], list[str]]:
+    """A copy of `document` with our entry in every event that lacks it, and this synapolis as the program of
+    every entry of ours (its options, such as --state-dir, kept); the events added, those whose command changed."""
     spec = harness_spec(harness)
+    command = command or hook_command(harness)
     result = copy.deepcopy(document)
     hooks = _hooks_table(result, path)
     present = set(installed_events(result, harness))
-    added = []
+    added, updated = [], []
+    for event in present:
+        for group in hooks[event]:
+            for entry in group.get("hooks", []) if isinstance(group, dict) and isinstance(group.get("hooks"), list) else []:
+                if not (isinstance(entry, dict) and is_our_command(entry.get("command"), harness)):
+                    continue
+                current = with_this_program(entry["command"], harness)
+                if current != entry["command"]:
+                    entry["command"] = current
+                    if event not in updated:
+                        updated.append(event)
     for event in spec.events:
         if event in present:
             continue
@@ -134,12 +195,12 @@ def merge_install(document: dict, harness: str, path: Path = Path("settings.json
         elif not isinstance(groups, list):
             raise UsageError(f"{path}: hooks.{event} is not a list; fix it by hand, the file was left untouched")
         # No matcher: every tool, every start source.
-        groups.append({"hooks": [_entry(spec)]})
+        groups.append({"hooks": [_entry(spec, command)]})
         hooks[event] = groups
         added.append(event)
     if added:
         result["hooks"] = hooks
-    return result, added
+    return result, added, updated
 
 
 def merge_uninstall(document: dict, harness: str, path: Path = Path("settings.json")) -> tuple[dict, list[str]]:
@@ -177,10 +238,10 @@ def merge_uninstall(document: dict, harness: str, path: Path = Path("settings.js
     return result, removed
 
 
-def hooks_disabled(document: dict, harness: str) -> bool:
-    """True when the settings turn every hook off (Gemini CLI's `tools.enableHooks: false`)."""
-    return harness == "gemini-cli" and isinstance(document.get("tools"), dict) \
-        and document["tools"].get("enableHooks") is False
+def legacy_gemini_switch(document: dict) -> bool:
+    """True when Gemini CLI settings still carry `tools.enableHooks`, a key its schema no longer has."""
+    tools = document.get("tools") if isinstance(document, dict) else None
+    return isinstance(tools, dict) and "enableHooks" in tools
 
 
 def _write(path: Path, document: dict) -> None:
@@ -190,19 +251,73 @@ def _write(path: Path, document: dict) -> None:
         raise UsageError(f"cannot write {path}: {exc.strerror}") from None
 
 
-def install(harness: str, project_dir: Path | str = ".") -> dict:
-    """Merge synapolis's hook entries into HARNESS's project settings file (idempotent)."""
+def install(harness: str, project_dir: Path | str = ".", *, trust: bool = False, env=None) -> dict:
+    """Merge synapolis's hook entries into HARNESS's project settings file (idempotent).
+
+    `trust` (Codex only, the user's explicit request) also records the entries as trusted in Codex's
+    user config. `notes` say what is left to do before the harness really runs the hooks.
+    """
     spec = harness_spec(harness)
+    if trust and harness != "codex":
+        raise UsageError("--trust is for codex: Claude Code and Gemini CLI keep no per-hook trust")
     path = settings_file(project_dir, harness)
     document = load_settings(path)
-    merged, added = merge_install(document, harness, path)
-    if added:
+    merged, added, updated = merge_install(document, harness, path)
+    if added or updated:
         _write(path, merged)
+    result = {"harness": harness, "settings_file": str(path.absolute()), "command": hook_command(harness),
+              "events": list(spec.events), "added": added, "updated": updated, "changed": bool(added or updated),
+              "notes": [], "trusted": []}
+    if harness == "gemini-cli":
+        result["notes"] = _gemini_notes(Path(project_dir), merged, env)
+    elif harness == "codex":
+        result["trusted"], result["notes"] = _codex_trust(Path(project_dir), path, merged, trust, env)
+    return result
+
+
+def _gemini_notes(project: Path, document: dict, env) -> list[str]:
+    from . import harness_settings as hs
+
     notes = []
-    if hooks_disabled(merged, harness):
-        notes.append("tools.enableHooks is false in this file: Gemini CLI will not run any hook until it is true")
-    return {"harness": harness, "settings_file": str(path.absolute()), "command": hook_command(harness),
-            "events": list(spec.events), "added": added, "changed": bool(added), "notes": notes}
+    if legacy_gemini_switch(document):
+        notes.append("tools.enableHooks is not a Gemini CLI setting any more (its schema rejects it): "
+                     "remove it; the switch is \"hooksConfig\": {\"enabled\": true}")
+    enabled, decided_by = hs.gemini_hooks_switch(project, env)
+    if not enabled:
+        notes.append(f"hooksConfig.enabled is false in {decided_by}: Gemini CLI runs no hook until it is true")
+    trusted, how = hs.gemini_folder_trust(project, env)
+    if trusted is False:
+        notes.append(f"{project.absolute()} is marked untrusted ({how}): Gemini CLI ignores its .gemini/settings.json "
+                     "and so these hooks; trust the folder (/permissions in gemini) to use them")
+    elif trusted is None:
+        notes.append(f"Gemini CLI runs project hooks only in a trusted folder: when gemini asks on its first start "
+                     f"in {project.absolute()}, trust the folder (or later with /permissions)")
+    return notes
+
+
+def _codex_trust(project: Path, path: Path, document: dict, trust: bool, env) -> tuple[list[str], list[str]]:
+    """(keys trusted now, notes): Codex runs a project hook only in a trusted project, once its hash is trusted."""
+    from . import harness_settings as hs
+
+    config_path = hs.codex_home(env) / "config.toml"
+    config = hs.load_toml(config_path)
+    ours = hs.codex_hooks(path, document, lambda command: is_our_command(command, "codex"))
+    trusted = hs.trust_codex_hooks(config_path, ours) if trust else []
+    if trusted:
+        config = hs.load_toml(config_path)
+    notes = []
+    level, key = hs.codex_project_trust(project, config)
+    if level != "trusted":
+        notes.append(f"Codex reads .codex/ only in a trusted project: start codex in {project.absolute()} and "
+                     f"trust it when asked (it records [projects.\"{key}\"] trust_level = \"trusted\" in {config_path})")
+    states = hs.codex_hook_states(config)
+    waiting = [h["event"] for h in ours if hs.codex_trust_status(h, states) != "trusted"]
+    if waiting:
+        notes.append(f"Codex runs each project hook only after you trust it, and these are not trusted yet "
+                     f"({', '.join(waiting)}): start codex in the project and choose \"Trust all and continue\" "
+                     f"when it says hooks need review (or /hooks), or run: synapolis hooks install codex --trust "
+                     f"--project-dir {shlex.quote(str(project.absolute()))}")
+    return trusted, notes
 
 
 def uninstall(harness: str, project_dir: Path | str = ".") -> dict:

@@ -26,12 +26,25 @@ EVENT_KINDS: dict[str, dict[str, str]] = {
 # elsewhere: additionalProperties false).
 CONTEXT_KINDS = ("start", "deliver")
 
-# The harness throws away a hook answer over 10,000 characters; the whole stdout stays below this.
-MAX_OUTPUT_CHARS = 9500
+# What each harness shows of a hook's context, counted the way that harness counts (docs/HOOKS.md names
+# the source of each rule). A signal is marked delivered only when its whole text fits.
+OUTPUT_BUDGETS = {
+    # Claude Code: additionalContext over 10,000 characters (JavaScript string length: UTF-16 code
+    # units, an emoji counts 2) is replaced by a preview and a file; 10,000 exactly passes whole.
+    "claude-code": 10_000,
+    # Codex: ceil(UTF-8 bytes / 4) approximate tokens; additionalContext over 2,500 of them is cut to a
+    # preview and the rest spilled to a file under $CODEX_HOME/hook_outputs. So: 10,000 UTF-8 bytes.
+    "codex": 2_500 * 4,
+    # Gemini CLI caps no hook output, but AfterTool context is appended to the tool's result, which it
+    # cuts to 40,000 characters keeping the last 80% (32,000): the context stays well inside that tail.
+    # Counted in UTF-16 code units after Gemini escapes each < and > as &lt; and &gt;.
+    "gemini-cli": 30_000,
+}
 MAX_INPUT_BYTES = 32 * 1024 * 1024
 HOOK_DEADLINE_S = 4.0          # SYNAPOLIS_HOOK_TIMEOUT_S overrides; harnesses allow 10 s (installed)
 HOOK_BUSY_TIMEOUT_MS = 1500    # a locked store gives up this fast inside a hook, well before the deadline
 SUMMARY_IDS = 12               # ids named in the "not shown" summary
+MAX_SUBSTRATE = 128            # contract §2's bound on the model name recorded as the substrate
 
 
 class HookInputError(ValueError):
@@ -65,7 +78,9 @@ def parse_event(raw: bytes | str) -> dict:
 
 
 def conversation_id(event: dict) -> str:
-    return (event.get("session_id") or event.get("sessionId")).strip()
+    conversation = (event.get("session_id") or event.get("sessionId")).strip()
+    # JSON may carry lone surrogates ("\\udcff"), which no UTF-8 file or hash takes: spell them out
+    return conversation.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def event_name(event: dict) -> str:
@@ -95,9 +110,25 @@ def answer(harness: str, event: str, context: str | None) -> dict:
 
 # -- the context text ---------------------------------------------------------------------------
 
-def _json_len(text: str) -> int:
-    # what the text costs inside the JSON answer (quotes, newlines and the like are escaped)
-    return len(json.dumps(text, ensure_ascii=False)) - 2
+def _utf16_units(text: str) -> int:
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
+
+
+def context_cost(harness: str, text: str) -> int:
+    """What `text` costs as a hook's additionalContext in HARNESS, in the unit of OUTPUT_BUDGETS.
+
+    Every measure adds up character by character, so a text's cost is the sum of its parts' costs.
+    """
+    if harness == "codex":
+        return len(text.encode("utf-8", "surrogatepass"))
+    if harness == "gemini-cli":
+        return _utf16_units(text) + 3 * (text.count("<") + text.count(">"))
+    return _utf16_units(text)  # Claude Code: the parsed string's JavaScript length
+
+
+def context_room(harness: str, event: str) -> int:
+    """The budget for one event's context (the same for every event today)."""
+    return OUTPUT_BUDGETS[harness]
 
 
 def _signal_block(signal: dict) -> str:
@@ -106,46 +137,66 @@ def _signal_block(signal: dict) -> str:
     return f"{head}\n{signal.get('content', '')}"
 
 
-def _tail_cost(ack_hint: str, read_hint: str) -> int:
-    """Room kept for the summary line (a bounded number of ids) and both hints."""
-    return 200 + SUMMARY_IDS * 14 + _json_len(read_hint) + _json_len(ack_hint)
+def _shown_header(count: int) -> str:
+    return f"{count} signal(s) from other agents (oldest first):"
 
 
-def render_context(preamble: list[str], signals: list[dict], ack_hint: str, read_hint: str,
-                   waiting: list[dict] = (), budget: int = MAX_OUTPUT_CHARS - 300) -> tuple[str, list[dict], list[dict]]:
-    """The additionalContext text within `budget` JSON characters: (text, shown, withheld).
+def _summary(rest: list[dict], read_hint: str) -> str:
+    ids = ", ".join((s.get("id") or "")[:12] for s in rest[:SUMMARY_IDS])
+    more = f" and {len(rest) - SUMMARY_IDS} more" if len(rest) > SUMMARY_IDS else ""
+    biggest = max(len(s.get("content") or "") for s in rest)
+    return (f"{len(rest)} more signal(s) not shown here: they do not fit in one hook answer of this harness "
+            f"(the largest has {biggest} characters). Ids: {ids}{more}. {read_hint}")
 
-    Signals are shown whole, oldest first, each while it fits; a signal is never cut in half. Those
-    that do not fit, and `waiting` ones not taken at all, are summarised at the end by id and size,
-    with the command that reads them.
+
+def _worst_summary(read_hint: str) -> str:
+    # the longest `_summary` can be: ids are 12 hex digits, and no count comes near these numbers
+    ids = ", ".join(["f" * 12] * SUMMARY_IDS)
+    return (f"{10 ** 10} more signal(s) not shown here: they do not fit in one hook answer of this harness "
+            f"(the largest has {10 ** 12} characters). Ids: {ids} and {10 ** 10} more. {read_hint}")
+
+
+class ContextBudget:
+    """Decides which signals fit one answer of a harness, reserving room for the summary at its largest.
+
+    `fits(chosen, candidate)` is the test the store's drain applies while it takes signals oldest
+    first, so that exactly the signals shown are the ones marked delivered.
     """
-    used = sum(_json_len(p) + 2 for p in preamble)
-    tail = _tail_cost(ack_hint, read_hint)
-    shown, withheld, blocks = [], [], []
-    for signal in signals:
-        block = _signal_block(signal)
-        cost = _json_len(block) + 2
-        if used + cost + tail <= budget:
-            blocks.append(block)
-            used += cost
-            shown.append(signal)
-        else:
-            withheld.append(signal)
+
+    def __init__(self, harness: str, room: int, preamble: list[str], ack_hint: str, read_hint: str):
+        self.harness, self.room = harness, room
+        cost = self.cost
+        separators = cost("\n\n") * (len(preamble) + 3)
+        self.fixed = (sum(cost(p) for p in preamble) + cost(_shown_header(10 ** 10)) + cost(ack_hint)
+                      + cost(_worst_summary(read_hint)) + separators)
+        self._blocks: dict[str, int] = {}
+
+    def cost(self, text: str) -> int:
+        return context_cost(self.harness, text)
+
+    def block_cost(self, signal: dict) -> int:
+        key = signal.get("id") or id(signal)
+        if key not in self._blocks:
+            self._blocks[key] = self.cost(_signal_block(signal)) + self.cost("\n\n")
+        return self._blocks[key]
+
+    def fits(self, chosen: list[dict], candidate: dict) -> bool:
+        used = self.fixed + sum(self.block_cost(s) for s in chosen)
+        return used + self.block_cost(candidate) <= self.room
+
+
+def render_context(preamble: list[str], shown: list[dict], rest: list[dict], ack_hint: str, read_hint: str) -> str:
+    """The additionalContext text: the preamble, the signals shown (whole, oldest first), and a summary
+    by id and size of the ones `rest` that wait, with the command that reads them."""
     parts = list(preamble)
     if shown:
-        parts.append(f"{len(shown)} signal(s) from other agents (oldest first):")
-        parts.extend(blocks)
-    rest = withheld + list(waiting)
+        parts.append(_shown_header(len(shown)))
+        parts.extend(_signal_block(s) for s in shown)
     if rest:
-        ids = ", ".join((s.get("id") or "")[:12] for s in rest[:SUMMARY_IDS])
-        more = f" and {len(rest) - SUMMARY_IDS} more" if len(rest) > SUMMARY_IDS else ""
-        biggest = max(len(s.get("content") or "") for s in rest)
-        parts.append(f"{len(rest)} more signal(s) not shown here: a hook's answer holds under "
-                     f"{MAX_OUTPUT_CHARS} characters and the largest of these has {biggest}. Ids: {ids}{more}. "
-                     f"{read_hint}")
+        parts.append(_summary(rest, read_hint))
     if shown:
         parts.append(ack_hint)
-    return "\n\n".join(parts), shown, rest
+    return "\n\n".join(parts)
 
 
 def _command_hint(verb: str, agent_id: str, session_id: str | None, run_token: str | None) -> str:
@@ -189,37 +240,62 @@ def _workspace(state_dir, env, event):
     return Workspace(ws.paths, Config(values))
 
 
-def _register(ws, harness, agent_id, conversation, event, env, state, problems) -> dict:
-    """SessionStart (or the first event seen of a conversation): join a session, write the heartbeat."""
-    from . import actions
-    from .errors import ConflictError, ForbiddenError
+def _text_field(value, limit: int) -> str | None:
+    """A harness-given name (the model) as text the registry takes: at most `limit` characters, UTF-8."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    return value.encode("utf-8", "backslashreplace").decode("utf-8")[:limit]
 
-    session_id = state.get("session_id") if _session_active(ws, state.get("session_id")) else None
-    model = event.get("model")
-    substrate = model if isinstance(model, str) and model else state.get("substrate")
-    token = state.get("run_token")
-    for attempt in (token, None) if token else (None,):
-        try:
-            started = actions.start(ws, agent_id=agent_id, session_id=session_id, harness=harness,
-                                    substrate=substrate, conversation_id=conversation, run_token=attempt,
-                                    deterministic_id=True, env=_env_without_identity(env), piggyback=False)
-            break
-        except ForbiddenError:
-            # the remembered token is not the slot's any more (taken over while stale): start afresh
-            continue
-        except ConflictError as exc:
-            # Our id is derived from this conversation, so the live holder is this conversation too
-            # (its hooks/ file was lost); carry on as that agent rather than fail the harness.
-            problems.append(f"{exc.message}; continuing as {agent_id}")
+
+def _register(ws, harness, key, conversation, event, env, problems, *, refresh: bool) -> dict:
+    """Make this conversation a registered agent and remember it in hooks/<key>.json; the state.
+
+    Under a lock of its own, so the hooks of one conversation that fire together register once. With
+    `refresh` False, a state another hook just saved (registered, session active) is taken as it is.
+    The id is the conversation's derived one (`key`) unless someone else holds it: a hook acts only
+    as an agent whose run token it holds, and never adopts an id registered by anyone else.
+    """
+    from . import actions
+    from .atomic import locked
+    from .errors import ConflictError, ForbiddenError
+    from .names import generate_agent_id
+    from .sessions import sessions_of_agent
+
+    with locked(ws.paths.lock(f"hook-{key}"), timeout=HOOK_DEADLINE_S):
+        state = load_state(ws, key)
+        active = _session_active(ws, state.get("session_id"))
+        if not refresh and active and state.get("agent_id") and state.get("run_token"):
             return state
-    else:  # pragma: no cover - the loop always ends in break, return or an exception
+        session_id = state.get("session_id") if active else None
+        substrate = (_text_field(event.get("model"), MAX_SUBSTRATE) or state.get("substrate")
+                     or _text_field(env.get("SYNAPOLIS_SUBSTRATE"), MAX_SUBSTRATE))
+        attempts = []
+        if state.get("agent_id") and state.get("run_token"):
+            attempts.append((state["agent_id"], state["run_token"]))  # a resumed conversation: its own slot
+        attempts.append((key, None))
+        for agent_id, token in attempts + [(None, None)]:
+            if agent_id is None:
+                # the derived id is someone else's: this conversation's hash with 4 random hex instead
+                agent_id = generate_agent_id(env.get("SYNAPOLIS_SUBSTRATE") or None, harness, conversation)
+                problems.append(f"agent id {key} is registered by someone else; this conversation is {agent_id}")
+            elif token is None and sessions_of_agent(ws, agent_id, active_only=False):
+                continue  # registered already, and not with a token this conversation holds
+            try:
+                started = actions.start(ws, agent_id=agent_id, session_id=session_id, harness=harness,
+                                        substrate=substrate, conversation_id=conversation, run_token=token,
+                                        env=_env_without_identity(env), piggyback=False)
+                break
+            except (ForbiddenError, ConflictError):
+                # our token is not the slot's any more, or the slot is live under someone else
+                continue
+        else:
+            raise ConflictError(f"no agent id free for this conversation (tried {key})")
+        state = {"agent_id": started["agent_id"], "session_id": started["session_id"],
+                 "run_token": started.get("run_token"), "harness": harness, "conversation_id": conversation}
+        if substrate:
+            state["substrate"] = substrate
+        save_state(ws, key, state)
         return state
-    state = {**state, "agent_id": started["agent_id"], "session_id": started["session_id"],
-             "run_token": started.get("run_token"), "harness": harness, "conversation_id": conversation}
-    if substrate:
-        state["substrate"] = substrate
-    save_state(ws, agent_id, state)
-    return state
 
 
 def _session_active(ws, session_id) -> bool:
@@ -240,10 +316,10 @@ def _env_without_identity(env) -> dict:
     return {k: v for k, v in env.items() if k not in ("SYNAPOLIS_AGENT_ID", "SYNAPOLIS_RUN_TOKEN")}
 
 
-def _who(state, agent_id):
+def _who(state):
     from .identity import Who
 
-    return Who(agent_id=agent_id, session_id=state.get("session_id"), run_token=state.get("run_token"))
+    return Who(agent_id=state["agent_id"], session_id=state.get("session_id"), run_token=state.get("run_token"))
 
 
 def handle(harness: str, raw: bytes | str, *, state_dir=None, env=None) -> dict:
@@ -284,57 +360,76 @@ def handle(harness: str, raw: bytes | str, *, state_dir=None, env=None) -> dict:
 
 
 def _act(harness, event, name, kind, state_dir, env, result) -> None:
-    from . import actions
-    from .errors import NoIdentityError, NotFoundError
+    from .errors import ForbiddenError
 
     problems = result["problems"]
     conversation = conversation_id(event)
-    agent_id = agent_id_for(harness, conversation, env)
-    result["agent_id"] = agent_id
+    key = agent_id_for(harness, conversation, env)
     ws = _workspace(state_dir, env, event).ensure()
-    state = load_state(ws, agent_id)
+    state = load_state(ws, key)
     clean_env = _env_without_identity(env)
+    if kind == "end" and not (state.get("run_token") and _session_active(ws, state.get("session_id"))):
+        result["agent_id"] = state.get("agent_id") or key
+        return  # not registered by this conversation, or its session is over: nobody of ours to stop
     preamble = []
-    # Register on SessionStart, and whenever this conversation is in no live session (hooks
-    # installed mid-conversation, or the session ended by consensus sleep and work resumed).
-    if kind == "start" or (kind == "deliver" and not _session_active(ws, state.get("session_id"))):
-        state = _register(ws, harness, agent_id, conversation, event, env, state, problems)
-        if kind == "start":
-            preamble.append(_identity_note(ws, agent_id, state))
+    # Register on SessionStart, and whenever this conversation is in no live session (hooks installed
+    # mid-conversation, its hooks/ file lost, or the session ended by consensus sleep and work resumed).
+    if kind == "start" or not (state.get("run_token") and _session_active(ws, state.get("session_id"))):
+        state = _register(ws, harness, key, conversation, event, env, problems, refresh=kind == "start")
+    for attempt in (1, 2):
+        result["agent_id"] = state["agent_id"]
+        if kind == "start" and not preamble:
+            preamble.append(_identity_note(ws, state["agent_id"], state))
+        try:
+            _work(ws, harness, name, kind, state, preamble, clean_env, result)
+            return
+        except ForbiddenError:
+            if attempt == 2:
+                raise
+            # our run token is not the slot's any more (someone took the stale slot over): register
+            # afresh rather than act as whoever holds it now
+            state = _register(ws, harness, key, conversation, event, env, problems, refresh=True)
+
+
+def _work(ws, harness, name, kind, state, preamble, env, result) -> None:
+    """Beat with the event's status, or beat and deliver, as the agent `state` names (with its token)."""
+    from . import actions
+
     if kind in ("idle", "end", "beat"):
         status = {"idle": "idle", "end": "stopped", "beat": None}[kind]
-        try:
-            actions.beat(ws, _who(state, agent_id), status=status, env=clean_env, piggyback=False)
-        except (NotFoundError, NoIdentityError):
-            # never registered (no SessionStart seen): the heartbeat alone still tells the truth
-            from .heartbeat import write_heartbeat
-
-            write_heartbeat(ws.paths, agent_id, status=status, harness=harness)
+        actions.beat(ws, _who(state), status=status, env=env, piggyback=False)
         return
-    shown, withheld, text = _deliver(ws, agent_id, state, preamble, clean_env)
+    shown, waiting, text = _deliver(ws, harness, name, state, preamble, env)
     result["delivered"] = [s["id"] for s in shown]
-    result["withheld"] = [s["id"] for s in withheld]
+    result["withheld"] = [s["id"] for s in waiting]
     result["output"] = answer(harness, name, text)
 
 
-def _deliver(ws, agent_id, state, preamble, env):
-    """Beat active and take the signals due (method `hook`) in one transaction; render what fits."""
+def _deliver(ws, harness, name, state, preamble, env):
+    """Beat active and take the signals that fit this harness's answer (method `hook`), in one transaction.
+
+    The drain takes signals oldest first while ContextBudget says the next one still fits, so exactly
+    the signals shown are marked delivered; a text over budget after all rolls the whole call back.
+    """
     from . import actions
     from . import signals as sig
 
+    agent_id = state["agent_id"]
     token = state.get("run_token") if ws.config.require_run_token else None
     ack_hint = ("When you have handled them, acknowledge them so they are not offered again: "
                 + _command_hint("ack-signals ID,ID", agent_id, state.get("session_id"), token))
     read_hint = "Read them with: " + _command_hint("read-signals", agent_id, state.get("session_id"), None)
-    room = MAX_OUTPUT_CHARS - 300 - sum(_json_len(p) + 2 for p in preamble) - _tail_cost(ack_hint, read_hint)
-    with actions.as_agent(ws, _who(state, agent_id), env=env, method="hook") as call:
+    budget = ContextBudget(harness, context_room(harness, name), preamble, ack_hint, read_hint)
+    with actions.as_agent(ws, _who(state), env=env, method="hook") as call:
         call.heartbeat_fields = {"status": "active"}
         with call.store.write() as conn:
-            # drain counts raw content; escaping in JSON makes text longer, hence the margin
-            taken = call.finish({}, conn, budget_chars=max(int(room / 1.25), 0))["pending_signals"]
+            # `limit` only bounds what the store reads: no block is shorter than its 64-character header
+            taken = call.finish({}, conn, limit=max(budget.room // 64, 1), fits=budget.fits)["pending_signals"]
             waiting = [s for s in sig.unread(conn, agent_id, limit=500) if s.get("delivered_at") is None]
-    text, shown, withheld = render_context(preamble, taken, ack_hint, read_hint, waiting)
-    return shown, withheld, text
+            text = render_context(preamble, taken, waiting, ack_hint, read_hint)
+            if budget.cost(text) > budget.room:  # cannot happen: fits() reserved the largest summary
+                raise RuntimeError(f"hook context of {budget.cost(text)} over the budget of {budget.room}")
+    return taken, waiting, text
 
 
 def _identity_note(ws, agent_id, state) -> str:

@@ -92,6 +92,28 @@ def read_all_heartbeats(paths) -> list:
     return [read_heartbeat(path) for path in iter_heartbeat_paths(paths.heartbeats)]
 
 
+def heartbeat_reads(ws) -> list:
+    """Every heartbeat this state directory's readers see: the local files, then, with a shared store,
+    the copies of agents on other machines (those with no local file), checked the same way."""
+    from .heartbeat import HeartbeatRead, quick_check, schema_errors
+    from .store import store_for
+
+    reads = read_all_heartbeats(ws.paths)
+    store = store_for(ws)
+    if store.kind == "sqlite":
+        return reads
+    local = {r.agent_id for r in reads}
+    for copy in store.heartbeat_copies():
+        agent_id = copy.get("agent_id")
+        if not isinstance(agent_id, str) or agent_id in local:
+            continue
+        doc = {k: v for k, v in copy.items() if k != "received_at"}
+        errors = [] if quick_check(doc) else schema_errors(doc)
+        reads.append(HeartbeatRead(agent_id, f"{getattr(store, 'where', store.kind)}#heartbeats/{agent_id}",
+                                   doc, errors))
+    return reads
+
+
 def _history_stamp(previous_doc, monitor_path: Path) -> str:
     """The sortable stamp of a monitor about to be rotated: its generated_at, else its file time."""
     moment = None
@@ -168,7 +190,7 @@ def run_monitor(ws, now: datetime | None = None, keep: int | None = None, rotate
     keep = ws.config.monitor_keep if keep is None else keep
     paths = ws.paths
     if reads is None:
-        reads = read_all_heartbeats(paths)
+        reads = heartbeat_reads(ws)
     with locked(paths.lock("monitor")):
         previous = read_json_or(paths.monitor)
         from .claims import held_items

@@ -36,11 +36,16 @@ def is_live(row, now: datetime, config) -> bool:
 
 def create_session(ws, session_id: str | None = None, now: datetime | None = None) -> str:
     """Create a session (its store and session document); an existing one is left as it is."""
+    return ensure_session(ws, session_id, now)[0]
+
+
+def ensure_session(ws, session_id: str | None = None, now: datetime | None = None) -> tuple[str, bool]:
+    """(session id, created?): create the session unless it exists; of several processes on several
+    machines creating one session at once, exactly one is told it created it."""
     now = now or utcnow()
     ws.ensure()
     session_id = validate_session_id(session_id) if session_id is not None else generate_session_id()
-    store_for(ws).create_session(session_id, format_ts(now))
-    return session_id
+    return session_id, store_for(ws).create_session(session_id, format_ts(now))
 
 
 def session_exists(ws, session_id: str) -> bool:

@@ -63,19 +63,86 @@ def _reader(tx, agent_id: str):
     return row
 
 
+def _floors(state, unread_only: bool, include_history: bool, after: int) -> tuple[int, int]:
+    """(broadcast floor, directed floor): the reader's signals above `after`, unread ones above its watermark."""
+    dfloor = max(state["read_upto"], after) if unread_only else after
+    return max(dfloor, 0 if include_history else state["joined_seq"]), dfloor
+
+
 def query(tx, agent_id: str, *, unread_only: bool = True, include_history: bool = False,
-          after: int = 0, limit: int | None = None) -> list[dict]:
-    """Pure: the reader's signals oldest first. Unread: the oldest `limit`; otherwise the newest `limit`."""
+          after: int | None = None, limit: int | None = None) -> list[dict]:
+    """Pure: the reader's signals oldest first, unbounded unless `limit` is given (`page` is the bounded
+    read). The oldest `limit` above `after`; everything (not unread_only) without `after`: the newest."""
     state = _reader(tx, agent_id)
-    if unread_only:
-        dfloor = max(state["read_upto"], after)
-        bfloor = max(dfloor, 0 if include_history else state["joined_seq"])
-    else:
-        dfloor = after
-        bfloor = max(after, 0 if include_history else state["joined_seq"])
-    rows = tx.visible_signals(agent_id, bfloor, dfloor, unread=unread_only, newest_first=not unread_only,
-                              limit=limit, reader_fields=True)
+    bfloor, dfloor = _floors(state, unread_only, include_history, after or 0)
+    rows = tx.visible_signals(agent_id, bfloor, dfloor, unread=unread_only,
+                              newest_first=not unread_only and after is None, limit=limit, reader_fields=True)
     return [as_dict(r) for r in rows]
+
+
+# -- bounded answers -------------------------------------------------------------------------------
+# Every answer that carries signals is a page: at most `limit` signals and about `budget_chars`
+# characters of them as JSON, with a count of what is left (up to COUNT_CAP: counting a backlog of
+# 100,000 on every page would make paging through it quadratic) and a cursor to the next page.
+# An MCP answer carries the JSON twice (structured, and as text, escaped once more inside JSON-RPC,
+# which at worst doubles it): 80 KB of signals is at most ~240 KB on the wire, under the 256 KB every
+# answer must stay below; ~180 KB for ordinary text.
+
+PAGE_LIMIT = 200  # read_signals, signals_pending, the inbox resource
+PAGE_BUDGET_CHARS = 80 * 1024
+PIGGYBACK_LIMIT = 20  # attached to the answer of any other verb (whose own part stays under 48 KB)
+PIGGYBACK_BUDGET_CHARS = 32 * 1024
+COUNT_CAP = 1000  # `remaining` counts up to this; COUNT_CAP means "this many or more"
+
+
+def json_cost(signal: dict) -> int:
+    """About how many characters `signal` takes in a JSON answer: its content escaped, plus the rest."""
+    import json
+
+    return len(json.dumps(signal["content"])) + len(signal["sender"]) + len(signal["recipient"]) + 360
+
+
+def fit(signals: list, limit: int | None, budget_chars: int | None, at_least_one: bool = True) -> int:
+    """How many leading `signals` make a page within `limit` and `budget_chars`. With `at_least_one`
+    the first is always in (one signal over the budget must not stall paging); a hook's hard cap is not."""
+    used = 0
+    for count, item in enumerate(signals):
+        if limit is not None and count >= limit:
+            return count
+        used += json_cost(item)
+        if budget_chars is not None and used > budget_chars and not (at_least_one and count == 0):
+            return count
+    return len(signals)
+
+
+def page(tx, agent_id: str, *, unread_only: bool = True, after: int | None = None, limit: int | None = None,
+         budget_chars: int | None = None) -> dict:
+    """Pure: one page of the reader's signals, oldest first: `signals`, `remaining` (not in the page, in
+    paging order, counted up to COUNT_CAP) and `next_after` (the `after` of the next page; None at the end).
+
+    Unread: the oldest unread above `after`. Everything (not unread_only, history included): with `after`,
+    the oldest above it; without, the newest page, and `remaining` counts the older ones (page through
+    them from `after=0`).
+    """
+    limit = PAGE_LIMIT if limit is None else limit
+    budget_chars = PAGE_BUDGET_CHARS if budget_chars is None else budget_chars
+    state = _reader(tx, agent_id)
+    newest = not unread_only and after is None
+    bfloor, dfloor = _floors(state, unread_only, not unread_only, after or 0)
+    rows = tx.visible_signals(agent_id, bfloor, dfloor, unread=unread_only, newest_first=newest,
+                              limit=int(limit) + 1, reader_fields=True)
+    rows = [as_dict(r) for r in (rows[::-1] if newest else rows)]  # newest: the newest first, to fit from
+    chosen = rows[:fit(rows, limit, budget_chars)]
+    remaining = 0
+    if newest:
+        chosen.reverse()
+        if len(chosen) < len(rows):
+            remaining = tx.count_visible(agent_id, 0, 0, below=chosen[0]["sequence"], cap=COUNT_CAP)
+    elif len(chosen) < len(rows):
+        bfloor, dfloor = _floors(state, unread_only, not unread_only, chosen[-1]["sequence"])
+        remaining = tx.count_visible(agent_id, bfloor, dfloor, unread=unread_only, cap=COUNT_CAP)
+    next_after = chosen[-1]["sequence"] if remaining and not newest else None
+    return {"signals": chosen, "remaining": remaining, "next_after": next_after}
 
 
 def unread(tx, agent_id: str, limit: int | None = None) -> list[dict]:
@@ -90,18 +157,22 @@ def latest_visible_sequence(tx, agent_id: str) -> int:
 
 # -- sending ---------------------------------------------------------------------------------------
 
-def audience_rows(tx, recipient: str, sender: str) -> list:
-    """Registered agents who will see a signal; NotFoundError for a recipient nobody can be."""
+def audience_rows(tx, recipient: str, sender: str, caller: str | None = None) -> tuple[list, object]:
+    """(registered agents who will see a signal, the caller's own row or None), in one query;
+    NotFoundError for a recipient nobody can be."""
     if recipient == BROADCAST:
         rows = tx.agents()
-        return [r for r in rows if r["id"] != sender and not is_subagent_of(sender, r["id"])]
+        mine = next((r for r in rows if r["id"] == caller), None) if caller is not None else None
+        return [r for r in rows if r["id"] != sender and not is_subagent_of(sender, r["id"])], mine
     parts = recipient.split(".")
     candidates = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
-    rows = tx.agents(candidates)
+    found = tx.agents(candidates + ([caller] if caller is not None and caller not in candidates else []))
+    mine = next((r for r in found if r["id"] == caller), None) if caller is not None else None
+    rows = [r for r in found if r["id"] in candidates]
     if not rows:
         raise NotFoundError(f"unknown recipient {recipient!r}: no agent {candidates[0]!r} is registered in this "
                             "session (use '*' to broadcast)")
-    return rows
+    return rows, mine
 
 
 def audience(rows, now: datetime, config) -> dict:
@@ -171,11 +242,13 @@ def send(tx, *, caller: str | None, recipient: str, content: str, now: datetime,
     validate_agent_id(sender, "sender id")
     if caller is not None and sender != caller and not is_subagent_of(sender, caller):
         raise ForbiddenError(f"sender {sender!r} is neither the caller {caller!r} nor one of its sub-agents")
-    rows = audience_rows(tx, recipient, sender)
+    rows, mine = audience_rows(tx, recipient, sender, caller)
+    if caller is not None and mine is None:
+        raise NotFoundError(f"agent {caller!r} is not registered in this session")
     if rate_limited and caller is not None:
         take_token(tx, caller, now, config)
     if caller is not None:
-        clock = int(_reader(tx, caller)["lamport"])
+        clock = int(mine["lamport"])
     else:
         clock = tx.max_lamport()
     reply_id = None
@@ -187,13 +260,13 @@ def send(tx, *, caller: str | None, recipient: str, content: str, now: datetime,
     moment = now
     while True:
         stamp = ts(moment)
-        sid = signal_id(sender, recipient, type_, content, stamp)
-        if not tx.signal_exists(sid):
+        signal = {"id": signal_id(sender, recipient, type_, content, stamp), "sequence": None, "timestamp": stamp,
+                  "sender": sender, "recipient": recipient, "type": type_, "content": content, "lamport": lamport,
+                  "reply_to": reply_id}
+        signal["sequence"] = tx.insert_signal(signal)
+        if signal["sequence"] is not None:
             break
-        moment = moment + timedelta(microseconds=1)  # the same message twice in one microsecond
-    signal = {"id": sid, "sequence": None, "timestamp": stamp, "sender": sender,
-              "recipient": recipient, "type": type_, "content": content, "lamport": lamport, "reply_to": reply_id}
-    signal["sequence"] = tx.insert_signal(signal)
+        moment = moment + timedelta(microseconds=1)  # the same message twice in one microsecond: a new id
     if caller is not None:
         tx.raise_lamport(caller, lamport)
     return signal, audience(rows, now, config)
@@ -208,39 +281,55 @@ def _raise_clock(tx, agent_id: str, lamports) -> None:
 
 
 def drain(tx, agent_id: str, method: str, now: datetime, config, limit: int | None = None,
-          budget_chars: int | None = None) -> list[dict]:
-    """Inside a write transaction: the reader's undelivered unread signals, marked delivered with `method`.
+          budget_chars: int | None = None, fits=None) -> list[dict]:
+    """`drain_page` without the count of what is left."""
+    return drain_page(tx, agent_id, method, now, config, limit=limit, budget_chars=budget_chars, fits=fits)[0]
+
+
+def drain_page(tx, agent_id: str, method: str, now: datetime, config, limit: int | None = None,
+               budget_chars: int | None = None, fits=None) -> tuple[list[dict], int]:
+    """Inside a write transaction: a page of the reader's undelivered unread signals, marked delivered with
+    `method`; (the page, how many undelivered are left, counted up to COUNT_CAP).
 
     For `hook`, also signals a hook delivered that are still unacked after redeliver_after_s, up to
-    three offers in all. `limit` and `budget_chars` (a sum of content lengths) cut the oldest-first
-    list, and only what is returned is marked.
+    three offers in all. `limit`, `budget_chars` (JSON characters, `fit`; defaults PAGE_LIMIT and
+    PAGE_BUDGET_CHARS) and `fits(chosen, next)` (False: the next one would not fit what the caller can
+    show) cut the oldest-first list, and only what is returned is marked. A hook's budget is a hard cap;
+    any other page holds at least one signal, so paging never stalls.
     """
     if method not in METHODS:
         raise UsageError(f"delivery method must be one of {', '.join(METHODS)}")
     if not tx.try_exclusive("drain:" + agent_id):
-        return []  # another drain of this agent is delivering these right now: never wait behind it
+        return [], 0  # another drain of this agent is delivering these right now: never wait behind it
     state = agent_row(tx, agent_id)
     if state is None:
-        return []
+        return [], 0
+    limit = PAGE_LIMIT if limit is None else int(limit)
+    if budget_chars is None and fits is None:  # a caller's own `fits` (a hook's exact measure) replaces it
+        budget_chars = PAGE_BUDGET_CHARS
     floor = state["delivered_upto"]
     fresh = [dict(as_dict(r), offers=0) for r in tx.visible_signals(
-        agent_id, max(floor, state["joined_seq"]), floor, unread=True, undelivered=True,
-        limit=None if limit is None else int(limit) + 1)]
+        agent_id, max(floor, state["joined_seq"]), floor, unread=True, undelivered=True, limit=limit + 1)]
     again = []
     if method == "hook":
         cutoff = ts(now - timedelta(seconds=float(config.redeliver_after_s)))
         again = [dict(as_dict(r), offers=r["offers"]) for r in tx.hook_redeliveries(agent_id, MAX_HOOK_OFFERS, cutoff)]
     candidates = sorted(fresh + again, key=lambda s: s["sequence"])
-    chosen, used, complete = [], 0, True
-    for item in candidates:
-        cost = len(item["content"]) + 200
-        if (limit is not None and len(chosen) >= limit) or (budget_chars is not None and used + cost > budget_chars):
-            complete = False
-            break
-        chosen.append(item)
-        used += cost
+    chosen = candidates[:fit(candidates, limit, budget_chars, at_least_one=method != "hook")]
+    if fits is not None:
+        for count, item in enumerate(chosen):
+            if not fits(chosen[:count], item):
+                chosen = chosen[:count]
+                break
+    complete = len(chosen) == len(candidates) and len(fresh) <= limit
+    remaining = 0
+    if not complete:
+        # the page is a prefix by sequence: what is left is everything undelivered above its last signal
+        above = max([floor] + [s["sequence"] for s in chosen])
+        remaining = tx.count_visible(agent_id, max(above, state["joined_seq"]), above, unread=True,
+                                     undelivered=True, cap=COUNT_CAP)
     if not chosen:
-        return []
+        return [], remaining
     stamp = ts(now)
     new_ids = [s["id"] for s in chosen if s["offers"] == 0]
     if new_ids:
@@ -265,7 +354,28 @@ def drain(tx, agent_id: str, method: str, now: datetime, config, limit: int | No
         if method == "hook":
             s["offer"] = offers
         out.append(s)
-    return out
+    return out, remaining
+
+
+def mark_delivered(tx, agent_id: str, signals: list, method: str, now: datetime) -> None:
+    """Inside a write transaction: mark those of `signals` (a page just put into an answer to the reader)
+    not yet delivered to it as delivered with `method`, and set their reader fields to say so."""
+    if method not in METHODS:
+        raise UsageError(f"delivery method must be one of {', '.join(METHODS)}")
+    stamp = ts(now)
+    fresh = [s for s in signals if not s.get("delivered_at")]
+    if fresh:
+        tx.add_deliveries(agent_id, [s["id"] for s in fresh], stamp, method)
+    for s in fresh:
+        s.update(delivered_at=stamp, delivery_method=method)
+    _raise_clock(tx, agent_id, [s["lamport"] for s in signals])
+    state = _reader(tx, agent_id)
+    floor = state["delivered_upto"]
+    first = tx.first_visible_sequence(agent_id, max(floor, state["joined_seq"]), floor, unread=True,
+                                      undelivered=True)
+    mark = (first - 1) if first is not None else tx.max_sequence()
+    if mark > floor:
+        tx.set_delivered_upto(agent_id, mark)
 
 
 def has_undelivered(tx, agent_id: str) -> bool:

@@ -8,7 +8,7 @@ import os
 import unicodedata
 from datetime import datetime
 
-from .atomic import append_jsonl, locked, read_jsonl
+from .atomic import append_jsonl, locked, open_regular, read_jsonl
 from .errors import UsageError
 from .names import validate_agent_id
 from .timeutil import format_ts, parse_ts, utcnow
@@ -278,7 +278,9 @@ class LedgerReader:
 
     def catch_up(self) -> LedgerHoldings:
         try:
-            handle = open(self.path, "rb")
+            # never a FIFO or a device where the ledger belongs: open_regular refuses them (a FIFO would
+            # hang the merge, /dev/zero exhaust memory), and the merge then fails before clearing anything
+            handle = open(open_regular(self.path), "rb")
         except FileNotFoundError:
             self.__init__(self.path)
             return self.holdings
@@ -316,8 +318,27 @@ def append_to_ledger(paths, merged: list[dict], *, session_id: str, merged_by: s
     with locked(paths.lock("memory-ledger")):
         fresh, held = reader.catch_up().split(stamped)
         if fresh:
-            append_jsonl(paths.memory_ledger, *fresh)
+            # every line whole, fsynced and read back, or none and an error: the caller clears the
+            # staged memories only after this returns
+            append_jsonl(paths.memory_ledger, *fresh, verify=True)
     return fresh, held
+
+
+def memories(ws, *, limit: int | None = None) -> dict:
+    """`synapolis memories`: the consolidated ledger from the store, the newest `limit` lines, oldest first."""
+    from .store import store_for
+
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        raise UsageError(f"limit must be a positive whole number, not {limit!r}")
+    store = store_for(ws)
+    lines = store.read_ledger()
+    total = len(lines)
+    if limit is not None:
+        lines = lines[-limit:]
+    shown = [{"text": line.get("text"), "key": line.get("key"), "tags": line.get("tags") or [],
+              "sources": line.get("sources") or [], "merged_at": line.get("merged_at"),
+              "session_id": line.get("session_id")} for line in lines if isinstance(line.get("text"), str)]
+    return {"memories": shown, "total": total, "ledger": store.ledger_location()}
 
 
 def read_ledger(paths) -> list[dict]:
@@ -394,16 +415,20 @@ def consolidate(tx, ws, *, session_id: str, agent_id: str, now: datetime, announ
     """
     from . import signals as sig
 
+    from .store import store_for
+
     entries, broken = staged_entries(tx)
     merged = merge_memories(entries, now)
-    written, held = append_to_ledger(ws.paths, merged, session_id=session_id, merged_by=agent_id, reader=reader)
+    store = store_for(ws)
+    written, held = store.append_ledger(tx, merged, session_id=session_id, merged_by=agent_id, reader=reader)
     ids = [e["staged_id"] for e in entries]
     tx.unstage(ids)
     event = None
     if announce:
         sources = sorted({e["agent_id"] for e in entries})
         content = (f"session {session_id} is going to sleep: {agent_id} was the last active agent and merged "
-                   f"{len(entries)} staged memory(ies) from {len(sources)} agent(s) into memory/ledger.jsonl "
+                   f"{len(entries)} staged memory(ies) from {len(sources)} agent(s) into "
+                   f"{'memory/ledger.jsonl' if store.kind == 'sqlite' else 'the shared memory ledger'} "
                    f"({len(written)} new line(s)).")
         # honest delivery: send() stores the broadcast and marks nothing delivered; not rate limited,
         # because the protocol's own announcement must never be refused
@@ -464,7 +489,9 @@ def tired(ws, who=None, *, memories=None, env=None, piggyback: bool = True, now:
                 result["still_staged"] = tx.count_staged()
             call.finish(result, tx)
         if result["outcome"] == "consolidated":
-            result["ledger"] = str(ws.paths.memory_ledger)
+            from .store import store_for
+
+            result["ledger"] = store_for(ws).ledger_location()
             result["session_status"] = "ended" if ended_before else end_session(ws, session_id, moment)["status"]
         else:
             result["session_status"] = "active"

@@ -71,6 +71,16 @@ def effective_status(doc: dict | None, now: datetime, *, stale_after_s: float, d
     return verdict
 
 
+def status_of_doc(doc: dict, now: datetime, config) -> str:
+    """The effective status of a heartbeat document that is not a local file (a shared store's copy)."""
+    from .heartbeat import quick_check, schema_errors
+
+    doc = {k: v for k, v in doc.items() if k != "received_at"}
+    if not quick_check(doc) and schema_errors(doc):
+        return "invalid"
+    return effective_status(doc, now, **config.thresholds).effective_status
+
+
 def status_of_agent(paths, agent_id: str, now: datetime, config, previous: dict | None = None) -> str:
     """The effective status of one agent from its heartbeat file at `now`; 'missing' when it has none."""
     from .heartbeat import read_heartbeat
@@ -82,3 +92,25 @@ def status_of_agent(paths, agent_id: str, now: datetime, config, previous: dict 
     if not read.valid:
         return "invalid"
     return effective_status(read.doc, now, previous=previous, **config.thresholds).effective_status
+
+
+def status_of_agent_anywhere(ws, agent_id: str, now: datetime, copies: dict | None = None) -> str:
+    """`status_of_agent` from the local file; with a shared store, an agent with no file here (one on
+    another machine) is judged by its heartbeat copy in the store (contract §12). `copies`: a dict to
+    fill with every copy at the first need and reuse (a caller asking about many agents)."""
+    found = status_of_agent(ws.paths, agent_id, now, ws.config)
+    if found != "missing":
+        return found
+    from .store import store_for
+
+    store = store_for(ws)
+    if store.kind == "sqlite":
+        return found
+    if copies is None:
+        copy = store.heartbeat_copy(agent_id)
+    else:
+        if not copies:
+            copies.update((c.get("agent_id"), c) for c in store.heartbeat_copies())
+            copies.setdefault(None, None)  # filled: an empty store is not asked again
+        copy = copies.get(agent_id)
+    return status_of_doc(copy, now, ws.config) if copy is not None else found

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from .atomic import locked, sweep_temp_files
-from .timeutil import format_ts, utcnow
+from .atomic import sweep_temp_files
+from .timeutil import format_ts
 
 TEMP_MAX_AGE_S = 3600.0
 
@@ -36,10 +36,14 @@ def run_watchdog(ws, now: datetime | None = None, on_alert=None) -> dict:
     failures are listed under `errors`.
     """
     from .escalation import run_escalation
-    from .monitor import read_all_heartbeats, run_monitor
+    from .monitor import heartbeat_reads, run_monitor
 
-    now = now or utcnow()
-    with locked(ws.paths.lock("watchdog"), blocking=False) as got:
+    from .store import store_for
+
+    store = store_for(ws)
+    now = now or store.now()
+    # one pass at a time: on this machine (a file lock), and across every machine sharing a store
+    with store.exclusive_pass("watchdog", ws.paths.lock("watchdog")) as got:
         if not got:
             return {"ran": False, "at": format_ts(now), "message": "a watchdog pass is already running; nothing done"}
         result = {"ran": True, "at": format_ts(now), "validate": None, "monitor": None, "escalation": None,
@@ -52,7 +56,7 @@ def run_watchdog(ws, now: datetime | None = None, on_alert=None) -> dict:
                 result["errors"].append({"step": name, "type": type(exc).__name__, "message": str(exc)})
                 return None
 
-        reads = step("validate", lambda: read_all_heartbeats(ws.paths))
+        reads = step("validate", lambda: heartbeat_reads(ws))
         if reads is not None:
             result["validate"] = _validate(reads)
             document = step("monitor", lambda: run_monitor(ws, now=now, reads=reads))

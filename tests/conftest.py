@@ -28,9 +28,112 @@ def state_dir(tmp_path):
     return tmp_path / "state"
 
 
+# -- the stores (contract §12): the contract tests of these modules run once per store -----------------
+
+# Modules whose tests (those using `ws`) run against SQLite and PostgreSQL; a test that reads the SQLite
+# file itself is marked `sqlite_only`.
+BOTH_STORES = {"test_signals", "test_delivery", "test_sleep", "test_sessions", "test_board", "test_store"}
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PG_SCRIPT = os.path.join(ROOT, "scripts", "synapolis-test-postgres")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "sqlite_only: reads session.db itself; runs against the SQLite store only")
+    config.addinivalue_line("markers", "postgres: needs a PostgreSQL server (skipped without one, unless CI=true)")
+
+
+def pytest_generate_tests(metafunc):
+    module = metafunc.module.__name__.rsplit(".", 1)[-1]
+    if ("store_kind" in metafunc.fixturenames and module in BOTH_STORES
+            and metafunc.definition.get_closest_marker("sqlite_only") is None
+            and not hasattr(metafunc.function, "_store_kinds_fixed")):
+        metafunc.parametrize("store_kind", ["sqlite", "postgres"], indirect=True)
+
+
+def no_postgres(reason: str):
+    """Skip a PostgreSQL test with a reason; in CI (CI=true) a missing server is a failure instead."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"PostgreSQL is required in CI: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """(admin URL, cluster dir or None): $SYNAPOLIS_TEST_PG_URL, else a throwaway server started with
+    scripts/synapolis-test-postgres for this run (stopped at the end)."""
+    url = os.environ.get("SYNAPOLIS_TEST_PG_URL")
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        no_postgres("psycopg is not installed (pip install -e '.[test]')")
+    if url:
+        yield url, os.environ.get("SYNAPOLIS_TEST_PG_DIR") or None
+        return
+    done = subprocess.run(["bash", PG_SCRIPT, "start"], capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        no_postgres(f"no PostgreSQL server: set SYNAPOLIS_TEST_PG_URL, or make {PG_SCRIPT} work "
+                    f"({done.stderr.strip()[-200:]})")
+    found = dict(line.split("=", 1) for line in done.stdout.replace("export ", "").replace("'", "").split())
+    try:
+        yield found["SYNAPOLIS_TEST_PG_URL"], found["SYNAPOLIS_TEST_PG_DIR"]
+    finally:
+        subprocess.run(["bash", PG_SCRIPT, "destroy", found["SYNAPOLIS_TEST_PG_DIR"]], capture_output=True,
+                       timeout=120)
+
+
+def _with_dbname(url: str, dbname: str) -> str:
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    parts = conninfo_to_dict(url)
+    parts["dbname"] = dbname
+    user, password = parts.pop("user", ""), parts.pop("password", "")
+    host, port = parts.pop("host", "127.0.0.1"), parts.pop("port", "5432")
+    parts.pop("dbname")
+    query = "&".join(f"{k}={v}" for k, v in parts.items())
+    return f"postgresql://{user}:{password}@{host}:{port}/{dbname}" + (f"?{query}" if query else "")
+
+
 @pytest.fixture
-def ws(state_dir):
-    """An opened, created Workspace on this test's state directory."""
+def pg_url(pg_server):
+    """A database of this test's own on the test server (dropped afterwards): a URL with its password."""
+    import secrets
+
+    import psycopg
+
+    admin_url = pg_server[0]
+    name = "t_" + secrets.token_hex(6)
+    with psycopg.connect(admin_url, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+    try:
+        yield _with_dbname(admin_url, name)
+    finally:
+        from synapolis.store import close_all
+
+        close_all()
+        with psycopg.connect(admin_url, autocommit=True) as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def use_store(state_dir, url: str) -> Workspace:
+    """Point a state directory at a store (the config key `store`), creating it; the opened Workspace."""
+    ws = Workspace.open(state_dir).ensure()
+    document = json.loads(ws.paths.config.read_text())
+    document["store"] = url
+    ws.paths.config.write_text(json.dumps(document))
+    return Workspace.open(state_dir)
+
+
+@pytest.fixture
+def store_kind(request):
+    """"sqlite" (the default) or "postgres": which store `ws` uses (parametrised for BOTH_STORES modules)."""
+    return getattr(request, "param", "sqlite")
+
+
+@pytest.fixture
+def ws(state_dir, store_kind, request):
+    """An opened, created Workspace on this test's state directory, on the store of `store_kind`."""
+    if store_kind == "postgres":
+        return use_store(state_dir, request.getfixturevalue("pg_url"))
     return Workspace.open(state_dir).ensure()
 
 
@@ -82,19 +185,62 @@ def start_agent(ws):
     return start
 
 
-@pytest.fixture
-def db_rows(ws):
-    """db_rows(session_id, sql, *args) -> rows (as dicts) read straight from that session's session.db."""
+_SESSION_TABLES = ("agents", "signals", "signal_reads", "signal_deliveries", "session_state", "staged_memories",
+                   "rate_buckets")
+
+
+def store_rows(ws, session_id, sql, args=()) -> list[dict]:
+    """Rows (as dicts) read straight from the store's database with `sql` (SQLite's `?` placeholders):
+    that session's session.db, or the session's rows of the PostgreSQL database (each EP-0118 table name
+    in `sql` then means that table's rows of this session)."""
     import sqlite3
 
+    url = ws.config.values.get("store") or "sqlite"
+    if url.startswith("postgresql://"):
+        import psycopg
+        from psycopg import sql as pgsql
+        from psycopg.rows import dict_row
+
+        scoped = ", ".join(f"{t} AS (SELECT * FROM public.{t} WHERE session_id = {{sid}})" for t in _SESSION_TABLES)
+        query = pgsql.SQL("WITH " + scoped + " ").format(sid=pgsql.Literal(session_id))
+        with psycopg.connect(url, row_factory=dict_row) as conn:
+            text = query.as_string(conn) + sql.replace("?", "%s")
+            return [dict(r) for r in conn.execute(text, args).fetchall()]
+    conn = sqlite3.connect(str(ws.paths.session_db(session_id)))
+    conn.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in conn.execute(sql, args).fetchall()]
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def db_rows(ws):
+    """db_rows(session_id, sql, *args) -> rows (as dicts) read straight from the store (store_rows)."""
     def rows(session_id, sql, *args):
-        conn = sqlite3.connect(str(ws.paths.session_db(session_id)))
-        conn.row_factory = sqlite3.Row
-        try:
-            return [dict(r) for r in conn.execute(sql, args).fetchall()]
-        finally:
-            conn.close()
+        return store_rows(ws, session_id, sql, args)
     return rows
+
+
+@pytest.fixture
+def backlog(state_dir):
+    """backlog(count, to="bob", content=...) -> (ws, session_id): alice and bob registered (no rate limit),
+    then `count` signals from alice to `to` stored in one transaction, none delivered."""
+    from synapolis import actions, signals
+    from synapolis.store import SessionStore
+
+    def make(count: int, to: str = "bob", content=lambda i: f"signal {i}"):
+        state_dir.mkdir(parents=True, exist_ok=True)
+        (state_dir / "synapolis.json").write_text(json.dumps({"rate_limit_per_min": 10 ** 6}))
+        ws = Workspace.open(state_dir).ensure()
+        sid = actions.start(ws, agent_id="alice", env={}, now=NOW)["session_id"]
+        actions.start(ws, agent_id="bob", session_id=sid, env={}, now=NOW)
+        with SessionStore.open(ws, sid) as store, store.write() as conn:
+            for i in range(count):
+                signals.send(conn, caller="alice", recipient=to, content=content(i), config=ws.config,
+                             now=NOW + timedelta(microseconds=i), rate_limited=False)
+        return ws, sid
+    return make
 
 
 # -- MCP clients ---------------------------------------------------------------------------------
@@ -240,3 +386,193 @@ class Inbox:
             while uri not in self.uris:
                 await self._event.wait()
                 self._event = anyio.Event()
+
+
+# -- processes under hostile conditions (tests/test_integrity.py, test_hostile_files.py, test_faults.py) ---
+
+def synapolis_cmd(state_dir, *args) -> list[str]:
+    """The CLI as a real process of this interpreter, on `state_dir`."""
+    return [sys.executable, "-m", "synapolis", "--state-dir", str(state_dir), *map(str, args)]
+
+
+def run_limited(state_dir, *args, fsize: int | None = None, memory: int | None = None, input=None,
+                timeout: float = 60, env=None) -> subprocess.CompletedProcess:
+    """Run the CLI with RLIMIT_FSIZE `fsize` (no file may grow past that many bytes; SIGXFSZ ignored, so a
+    write past it fails with EFBIG as on a quota) and RLIMIT_AS `memory` (a reader that tried to take in
+    /dev/zero fails fast instead of swapping the machine); the CompletedProcess (text)."""
+    import resource
+    import signal as signals
+
+    def limits():
+        if fsize is not None:
+            signals.signal(signals.SIGXFSZ, signals.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+        if memory is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+
+    return subprocess.run(synapolis_cmd(state_dir, *args), input=input, capture_output=True, text=True,
+                          timeout=timeout, env=_cli_env(env), preexec_fn=limits)
+
+
+class Holder:
+    """A child process holding something until the `with` ends: `Holder.store(db)` a write transaction
+    on a session store, `Holder.flock(path)` an exclusive flock on a file (a lock, or a log itself)."""
+
+    _STORE = ("import sqlite3, sys, time\n"
+              "conn = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+              "conn.execute('BEGIN IMMEDIATE')\n"
+              "print('holding', flush=True)\n"
+              "time.sleep(120)\n")
+    _FLOCK = ("import fcntl, os, sys, time\n"
+              "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+              "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+              "print('holding', flush=True)\n"
+              "time.sleep(120)\n")
+
+    def __init__(self, script: str, target):
+        self.proc = subprocess.Popen([sys.executable, "-c", script, str(target)], stdout=subprocess.PIPE, text=True,
+                                     env=_cli_env())
+
+    @classmethod
+    def store(cls, db_path) -> "Holder":
+        return cls(cls._STORE, db_path)
+
+    @classmethod
+    def flock(cls, path) -> "Holder":
+        return cls(cls._FLOCK, path)
+
+    def __enter__(self):
+        assert self.proc.stdout.readline().strip() == "holding"
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+def jsonl_is_whole(path) -> list[dict]:
+    """Every line of a JSON-lines file, asserting none is torn: each parses and the file ends in a newline."""
+    if not os.path.exists(path):
+        return []
+    raw = open(path, "rb").read()
+    assert raw == b"" or raw.endswith(b"\n"), f"{path} ends in a torn line: {raw[-80:]!r}"
+    return [json.loads(line) for line in raw.splitlines() if line.strip()]
+
+
+def pad_jsonl(path, size: int, record: dict | None = None) -> None:
+    """Grow a JSON-lines file with whole, valid lines to `size` bytes (when it is smaller)."""
+    record = record or {"pad": "x" * 900}
+    line = (json.dumps(record) + "\n").encode()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "ab") as handle:
+        have = handle.tell()
+        handle.write(line * max(0, (size - have) // len(line)))
+        rest = size - handle.tell() - len('{"pad":""}\n')
+        if rest >= 0:  # one shorter line to land on `size` exactly
+            handle.write(('{"pad":"' + "x" * rest + '"}\n').encode())
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 2 MiB tmpfs mounted for this test (root only; skipped with the reason otherwise): a disk that fills."""
+    import shutil
+
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a small tmpfs needs root and mount(8)")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m,mode=0755", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def fill_to(folder, free_bytes: int) -> None:
+    """Fill the filesystem of `folder` until about `free_bytes` are left (a file named filler)."""
+    filler = os.path.join(folder, "filler")
+    stats = os.statvfs(folder)
+    free = stats.f_bavail * stats.f_frsize
+    with open(filler, "ab") as handle:
+        try:
+            handle.write(b"\0" * max(0, free - free_bytes))
+            handle.flush()
+        except OSError:
+            pass
+
+
+# The CLI in a child process whose I/O steps are counted: every os.write, os.replace, os.link and
+# os.fsync, and every BEGIN and COMMIT of a session store. At step `at` the child raises OSError (mode
+# "raise": a failing disk) or kills itself with SIGKILL (mode "kill": a crash); at=0 counts only. The
+# last line of stderr is "FAULT-STEPS n" whenever the child exits by itself.
+_FAULTY = r"""
+import atexit, errno, os, signal, sqlite3, sys
+mode, at, args = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+steps = []
+
+def step(name):
+    steps.append(name)
+    if len(steps) == at:
+        if mode == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise OSError(errno.EIO, f"injected fault at step {at} ({name})")
+
+def counted(module, attr):
+    real = getattr(module, attr)
+    def wrapper(*a, **k):
+        step(attr)
+        return real(*a, **k)
+    setattr(module, attr, wrapper)
+
+for attr in ("write", "replace", "link", "fsync"):
+    counted(os, attr)
+
+class Counted(sqlite3.Connection):
+    def execute(self, sql, *a):
+        head = sql.split(None, 1)[0].upper() if sql.strip() else ""
+        if head in ("BEGIN", "COMMIT"):
+            step(head)
+        return super().execute(sql, *a)
+
+_connect = sqlite3.connect
+def connect(*a, **k):
+    k.setdefault("factory", Counted)
+    return _connect(*a, **k)
+sqlite3.connect = connect
+atexit.register(lambda: sys.stderr.write(f"\nFAULT-STEPS {len(steps)} {' '.join(steps)}\n"))
+from synapolis.cli import main
+main(args)
+"""
+
+
+def run_faulty(state_dir, *args, at: int = 0, mode: str = "raise", input=None,
+               timeout: float = 60) -> subprocess.CompletedProcess:
+    """The CLI on `state_dir` with a fault at step `at` (see _FAULTY); returncode -9 when killed."""
+    return subprocess.run([sys.executable, "-c", _FAULTY, mode, str(at), "--state-dir", str(state_dir),
+                           *map(str, args)], input=input, capture_output=True, text=True, timeout=timeout,
+                          env=_cli_env())
+
+
+def fault_steps(out: subprocess.CompletedProcess) -> int:
+    """How many steps a run of run_faulty counted."""
+    for line in reversed(out.stderr.splitlines()):
+        if line.startswith("FAULT-STEPS "):
+            return int(line.split()[1])
+    raise AssertionError(f"no step count: {out.stderr[-1000:]}")
+
+
+@pytest.fixture
+def harness_home(tmp_path, monkeypatch):
+    """An empty home directory and no harness variables, so the user's own ~/.codex, ~/.gemini and
+    /etc/gemini-cli settings stay out of what is checked (and out of reach of what is written)."""
+    path = tmp_path / "home"
+    path.mkdir()
+    monkeypatch.setenv("HOME", str(path))
+    for name in ("CODEX_HOME", "GEMINI_CLI_HOME", "GEMINI_CLI_TRUST_WORKSPACE", "GEMINI_CLI_TRUSTED_FOLDERS_PATH",
+                 "GEMINI_CLI_SYSTEM_DEFAULTS_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("GEMINI_CLI_SYSTEM_SETTINGS_PATH", str(tmp_path / "etc-gemini-cli" / "settings.json"))
+    return path

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 
 from conftest import NOW
-from synapolis import actions, board
+from synapolis import actions, atomic, board
 from synapolis.errors import NotFoundError, UsageError
 from synapolis.identity import Who
 
@@ -78,6 +78,7 @@ def test_notes_newest_limit_oldest_first(ws, pair):
         actions.note(ws, alice, "x" * (ws.config.max_content_bytes + 1), env={})
 
 
+@pytest.mark.sqlite_only
 def test_notes_survive_a_torn_line(ws, pair):
     alice, _ = pair
     actions.note(ws, alice, "before", env={}, now=NOW)
@@ -91,7 +92,7 @@ def test_notes_survive_a_torn_line(ws, pair):
 
 def test_last_seq_reads_across_blocks(tmp_path):
     path = tmp_path / "notes.jsonl"
-    big = "y" * (board._TAIL_BLOCK + 100)
+    big = "y" * (atomic.TAIL_BLOCK + 100)
     path.write_text(json.dumps({"seq": 41, "text": big}) + "\n" + json.dumps({"seq": 42, "text": big}) + "\n")
     assert board._last_seq(path) == 42
     assert board._last_seq(tmp_path / "missing.jsonl") == 0
@@ -119,7 +120,9 @@ def test_concurrent_note_writers_get_unique_increasing_seqs(ws, start_agent):
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
-    lines = [json.loads(line) for line in ws.paths.session_notes(sid).read_text().splitlines()]
+    from synapolis.store import store_for
+
+    lines = store_for(ws).read_notes(sid, 1000)  # notes.jsonl, or the shared database's notes
     assert [n["seq"] for n in lines] == list(range(1, 101))
     assert sorted(n["text"] for n in lines) == sorted(f"{n} {i}" for n in names for i in range(25))
 

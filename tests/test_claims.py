@@ -560,3 +560,16 @@ def test_issue_spelling_claim_as_context_manager(state_dir, monkeypatch):
     assert claims.list_claims(ws)[0]["state"] == "released"
     with pytest.raises(TypeError):
         claim("ticket:142", "other", agent_id="alice")
+
+
+def test_a_new_item_does_not_search_the_log_but_a_deleted_one_does(ws):
+    """The log is the fallback only for an item claimed here before (its `claims-known` marker is made before
+    its first claim file): a never-claimed item starts at token 1 however long the log is."""
+    claims.claim(ws, "t:old", "alice", now=NOW)
+    with ws.paths.claims_log.open("a") as log:  # a log line no claim here ever wrote: not consulted
+        log.write(json.dumps({"at": "x", "event": "claimed", "item": "t:new", "token": 40}) + "\n")
+    assert claims.claim(ws, "t:new", "alice", now=NOW)["token"] == 1
+    assert (ws.paths.locks / "claims-known" / claims.encode_item("t:new")).is_file()
+    claims.claim_path(ws, "t:old").unlink()  # the known item's file deleted by hand: the log knows token 1
+    assert claims.claim(ws, "t:old", "bob", now=NOW)["token"] == 2
+    assert [r["item"] for r in claims.list_claims(ws, NOW)] == ["t:new", "t:old"]  # the marker is no claim

@@ -203,4 +203,4 @@ def test_cli_text_output_shows_pending_after_its_own(cli):
     lines = out.stdout.strip().splitlines()
     assert lines[0].startswith("note #1") and "pending signal" in lines[1] and "ping" in lines[2]
     data = json.loads(cli("signals-pending", "--agent-id", "bob", "--json").stdout)
-    assert data == {"pending_signals": []}
+    assert data == {"pending_signals": [], "pending_remaining": 0}

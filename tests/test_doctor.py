@@ -8,18 +8,17 @@ import subprocess
 import sys
 import time
 
+from pathlib import Path
+
 import pytest
 
-from synapolis import doctor, hook_install, schemas
+from synapolis import doctor, harness_settings, hook_install, schemas
 
 
 @pytest.fixture
-def home(tmp_path, monkeypatch):
-    """An empty home directory, so the user's own ~/.codex does not leak into the checks."""
-    path = tmp_path / "home"
-    path.mkdir()
-    monkeypatch.setenv("HOME", str(path))
-    return path
+def home(harness_home):
+    """An empty home directory, so the user's own ~/.codex and ~/.gemini do not leak into the checks."""
+    return harness_home
 
 
 @pytest.fixture
@@ -46,12 +45,24 @@ def statuses(report, name):
     return [f["status"] for f in by_check(report, name)]
 
 
+def trust_project(home, project):
+    """What the user does once per project: trust it in Codex and in Gemini CLI."""
+    codex = home / ".codex"
+    codex.mkdir(exist_ok=True)
+    with open(codex / "config.toml", "a") as handle:
+        handle.write(f'\n[projects.{json.dumps(str(project))}]\ntrust_level = "trusted"\n')
+    gemini = home / ".gemini"
+    gemini.mkdir(exist_ok=True)
+    (gemini / "trustedFolders.json").write_text(json.dumps({str(project): "TRUST_FOLDER"}))
+
+
 def good_setup(state_dir, project):
-    """A state directory and a project with every harness wired up (hooks and MCP)."""
+    """A state directory and a project with every harness wired up (hooks and MCP) and trusted."""
     subprocess.run([sys.executable, "-m", "synapolis", "--state-dir", str(state_dir), "init"], check=True,
                    capture_output=True, timeout=60)
+    trust_project(Path(os.environ["HOME"]), project)
     for harness in hook_install.HARNESSES:
-        hook_install.install(harness, project)
+        hook_install.install(harness, project, trust=harness == "codex")
     (project / ".mcp.json").write_text(json.dumps({"mcpServers": {"synapolis": {"command": "synapolis", "args": ["mcp"]}}}))
     gemini = project / ".gemini" / "settings.json"
     document = json.loads(gemini.read_text())
@@ -287,7 +298,8 @@ def test_mcp_entries_are_found_in_the_file_each_harness_reads(tmp_path, home, ha
         path.write_text(json.dumps(existing))
     else:
         path.write_text(content)
-    assert statuses({"findings": doctor.check_harness(tmp_path, harness)}, f"harness:{harness}") == ["ok", "ok"]
+    (mcp,) = [f for f in doctor.check_harness(tmp_path, harness) if "MCP" in f["message"]]
+    assert mcp["status"] == "ok"
 
 
 def test_mcp_entries_in_the_wrong_file_do_not_count(tmp_path, home):
@@ -299,13 +311,7 @@ def test_mcp_entries_in_the_wrong_file_do_not_count(tmp_path, home):
     assert doctor.check_harness(tmp_path, "claude-code")[-1]["status"] == "warn"
 
 
-def test_harness_switches_that_turn_hooks_off_fail(tmp_path, home):
-    hook_install.install("gemini-cli", tmp_path)
-    settings = tmp_path / ".gemini" / "settings.json"
-    document = json.loads(settings.read_text())
-    document["tools"] = {"enableHooks": False}
-    settings.write_text(json.dumps(document))
-    assert "fail" in statuses({"findings": doctor.check_harness(tmp_path, "gemini-cli")}, "harness:gemini-cli")
+def test_codex_feature_switch_that_turns_hooks_off_fails(tmp_path, home):
     hook_install.install("codex", tmp_path)
     (home / ".codex").mkdir()
     (home / ".codex" / "config.toml").write_text("[features]\nhooks = false\n")
@@ -313,8 +319,191 @@ def test_harness_switches_that_turn_hooks_off_fail(tmp_path, home):
     assert any(f["status"] == "fail" and "features" in f["message"] for f in findings)
 
 
-def test_hooks_that_call_a_synapolis_not_on_path_fail(tmp_path, monkeypatch):
+# -- Gemini CLI: the switch, the disabled list, trusted folders ----------------------------------------------
+
+GEMINI_SCHEMA = Path(__file__).parent / "schemas" / "gemini-cli-settings.schema.json"
+
+
+def gemini_schema_errors(document) -> list[str]:
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(json.loads(GEMINI_SCHEMA.read_text()))
+    return [e.message for e in validator.iter_errors(document)]
+
+
+def fails(findings, *words) -> bool:
+    return any(f["status"] == "fail" and all(w in f["message"] for w in words) for f in findings)
+
+
+def test_gemini_hooks_really_off_fail_and_the_fix_writes_the_valid_key(tmp_path, home):
+    trust_project(home, tmp_path)
+    hook_install.install("gemini-cli", tmp_path)
+    settings = tmp_path / ".gemini" / "settings.json"
+    assert not fails(doctor.check_harness(tmp_path, "gemini-cli"), "hooksConfig")
+    document = json.loads(settings.read_text())
+    document["hooksConfig"] = {"enabled": False}
+    settings.write_text(json.dumps(document))
+    (finding,) = [f for f in doctor.check_harness(tmp_path, "gemini-cli") if "hooksConfig.enabled" in f["message"]]
+    assert finding["status"] == "fail" and str(settings) in finding["message"]
+    # the fix, applied as written, is a settings file Gemini's own schema accepts, and doctor is content
+    fix = finding["fix"]
+    document.update(json.loads("{" + fix[fix.index('"hooksConfig"'):fix.rindex("}") + 1] + "}"))
+    settings.write_text(json.dumps(document))
+    assert gemini_schema_errors(document) == []
+    assert not fails(doctor.check_harness(tmp_path, "gemini-cli"), "hooksConfig")
+    # switched off in the user's own settings: workspace silence does not turn them back on
+    (home / ".gemini" / "settings.json").write_text(json.dumps({"hooksConfig": {"enabled": False}}))
+    document.pop("hooksConfig")
+    settings.write_text(json.dumps(document))
+    assert fails(doctor.check_harness(tmp_path, "gemini-cli"), str(home / ".gemini" / "settings.json"))
+
+
+def test_the_removed_gemini_key_is_a_warning_and_switches_nothing(tmp_path, home):
+    trust_project(home, tmp_path)
+    hook_install.install("gemini-cli", tmp_path)
+    settings = tmp_path / ".gemini" / "settings.json"
+    document = {**json.loads(settings.read_text()), "tools": {"enableHooks": False}}
+    settings.write_text(json.dumps(document))
+    assert gemini_schema_errors(document)  # Gemini's schema rejects the old key...
+    findings = doctor.check_harness(tmp_path, "gemini-cli")
+    (legacy,) = [f for f in findings if "enableHooks" in f["message"]]
+    assert legacy["status"] == "warn" and "hooksConfig" in legacy["fix"]
+    assert not fails(findings, "hooksConfig.enabled")  # ...and it turns nothing off
+
+
+def test_gemini_disabled_list_naming_our_hook_fails(tmp_path, home):
+    trust_project(home, tmp_path)
+    hook_install.install("gemini-cli", tmp_path)
+    settings = tmp_path / ".gemini" / "settings.json"
+    document = {**json.loads(settings.read_text()), "hooksConfig": {"disabled": ["synapolis"]}}
+    settings.write_text(json.dumps(document))
+    assert gemini_schema_errors(document) == []
+    assert fails(doctor.check_harness(tmp_path, "gemini-cli"), "hooksConfig.disabled", "synapolis")
+
+
+@pytest.mark.parametrize("rules, status", [
+    ({}, "warn"),                                   # never asked yet: Gemini ignores the workspace until trusted
+    ({"{project}": "DO_NOT_TRUST"}, "fail"),
+    ({"{project}/sub": "TRUST_FOLDER", "{project}": "DO_NOT_TRUST"}, "fail"),  # the longest rule that matches
+    ({"{project}/x": "TRUST_PARENT"}, "ok"),        # the parent of x is the project
+    ({"{parent}": "TRUST_FOLDER"}, "ok"),
+])
+def test_gemini_trusted_folders_decide_as_gemini_does(tmp_path, home, rules, status):
+    project = tmp_path / "project"
+    project.mkdir()
+    hook_install.install("gemini-cli", project)
+    (home / ".gemini").mkdir()
+    spelled = {k.format(project=project, parent=tmp_path): v for k, v in rules.items()}
+    (home / ".gemini" / "trustedFolders.json").write_text(json.dumps(spelled))
+    findings = [f for f in doctor.check_harness(project, "gemini-cli") if f.get("topic") == "gemini_folder_trust"]
+    assert [f["status"] for f in findings] == [status]
+
+
+# -- Codex: project trust and per-hook trust -------------------------------------------------------------
+
+def codex_findings(project, env=None):
+    return [f for f in doctor.check_harness(project, "codex", env) if "mcp" not in f["message"].lower()]
+
+
+def test_codex_hooks_untrusted_then_trusted_then_changed_since_trusted(tmp_path, home):
+    project = tmp_path / "project"
+    project.mkdir()
+    trust_project(home, project)
+    installed = hook_install.install("codex", project)
+    assert any("trust" in n and "--trust" in n for n in installed["notes"])  # the step left, and how
+    assert not (home / ".codex" / "config.toml").read_text().count("trusted_hash")  # never without asking
+    assert fails(codex_findings(project), "never trusted")
+    trusted = hook_install.install("codex", project, trust=True)
+    assert len(trusted["trusted"]) == 4 and trusted["notes"] == []
+    assert [f["status"] for f in codex_findings(project)][-1] == "ok" and not fails(codex_findings(project))
+    # an edit to one entry (a longer timeout) changes its hash: Codex skips it until trusted again
+    hooks_file = project / ".codex" / "hooks.json"
+    document = json.loads(hooks_file.read_text())
+    document["hooks"]["Stop"][0]["hooks"][0]["timeout"] = 30
+    hooks_file.write_text(json.dumps(document))
+    assert fails(codex_findings(project), "Stop", "changed since")
+    assert not fails(codex_findings(project), "PostToolUse")
+
+
+def test_codex_untrusted_project_fails_even_with_trusted_hooks(tmp_path, home):
+    project = tmp_path / "project"
+    project.mkdir()
+    hook_install.install("codex", project, trust=True)
+    assert fails(codex_findings(project), "not a trusted project")
+    with open(home / ".codex" / "config.toml", "a") as handle:
+        handle.write(f'\n[projects.{json.dumps(str(project))}]\ntrust_level = "untrusted"\n')
+    assert fails(codex_findings(project), "marked untrusted")
+
+
+def test_codex_trust_is_read_from_codex_home(tmp_path, home):
+    project = tmp_path / "project"
+    project.mkdir()
+    elsewhere = tmp_path / "codex-home"
+    elsewhere.mkdir()
+    env = {**os.environ, "CODEX_HOME": str(elsewhere)}
+    trust_project(home, project)  # ~/.codex says trusted, but Codex reads $CODEX_HOME
+    hook_install.install("codex", project, trust=True)
+    assert fails(codex_findings(project, env), "not a trusted project")
+    (elsewhere / "config.toml").write_text(f'[projects.{json.dumps(str(project))}]\ntrust_level = "trusted"\n')
+    assert fails(codex_findings(project, env), "never trusted")
+    hook_install.install("codex", project, trust=True, env=env)
+    assert not fails(codex_findings(project, env))
+    env["CODEX_HOME"] = str(tmp_path / "missing")
+    assert fails(codex_findings(project, env), "not a directory")
+
+
+def test_a_codex_config_that_is_not_toml_is_a_finding(tmp_path, home):
+    hook_install.install("codex", tmp_path)
+    (home / ".codex").mkdir()
+    (home / ".codex" / "config.toml").write_text("[projects\nbroken = ")
+    assert fails(codex_findings(tmp_path), "not valid TOML")
+
+
+# -- the program the hooks run --------------------------------------------------------------------------------
+
+def test_the_installed_command_runs(tmp_path, home):
     hook_install.install("claude-code", tmp_path)
-    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
-    findings = doctor.check_harnesses(tmp_path)
-    assert findings[0]["status"] == "fail" and "not on PATH" in findings[0]["message"]
+    (finding,) = [f for f in doctor.check_harness(tmp_path, "claude-code") if "the hooks run" in f["message"]]
+    assert finding["status"] == "ok" and "synapolis, version" in finding["message"]
+
+
+def _with_command(project, command):
+    settings = project / ".claude" / "settings.json"
+    document = json.loads(settings.read_text())
+    for groups in document["hooks"].values():
+        groups[-1]["hooks"][0]["command"] = command
+    settings.write_text(json.dumps(document))
+
+
+def test_hooks_whose_program_is_missing_or_wrong_fail(tmp_path, home):
+    hook_install.install("claude-code", tmp_path)
+    _with_command(tmp_path, "synapolis hook claude-code")
+    empty = {**os.environ, "PATH": str(tmp_path / "empty-bin")}
+    findings = doctor.check_harness(tmp_path, "claude-code", empty)
+    assert fails(findings, "is not on PATH") and "hooks install claude-code" in findings[1]["fix"]
+    _with_command(tmp_path, "'/nonexistent/my bin/synapolis' hook claude-code")
+    assert fails(doctor.check_harness(tmp_path, "claude-code"), "does not exist")
+    impostor = tmp_path / "bin" / "synapolis"
+    impostor.parent.mkdir()
+    impostor.write_text("#!/bin/sh\necho 'command not found: python3' >&2\nexit 127\n")
+    impostor.chmod(0o755)
+    _with_command(tmp_path, f"{impostor} hook claude-code")
+    assert fails(doctor.check_harness(tmp_path, "claude-code"), "does not run synapolis", "command not found")
+
+
+def test_a_bare_name_not_on_path_fails_in_the_whole_report(tmp_path, state_dir, bin_dir, home):
+    project = tmp_path / "project"
+    project.mkdir()
+    good_setup(state_dir, project)
+    settings = project / ".claude" / "settings.json"
+    document = json.loads(settings.read_text())
+    for groups in document["hooks"].values():
+        groups[-1]["hooks"][0]["command"] = "synapolis hook claude-code"
+    settings.write_text(json.dumps(document))
+    fake_crontab(bin_dir, f"7 * * * * /opt/synapolis/scripts/synapolis-watchdog {state_dir}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SYNAPOLIS_")}
+    env.update(PATH=f"{bin_dir}{os.pathsep}/usr/bin:/bin", HOME=str(home))
+    done = subprocess.run([sys.executable, "-m", "synapolis", "--state-dir", str(state_dir), "doctor",
+                           "--project-dir", str(project), "--json"], capture_output=True, text=True, env=env, timeout=60)
+    report = json.loads(done.stdout)
+    assert done.returncode == 1 and fails(report["findings"], "is not on PATH")

@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -219,15 +220,14 @@ def test_an_acked_signal_is_never_offered_again(hws):
 def test_output_stays_under_the_cap_and_never_cuts_a_signal(hws):
     me = run(hws, "claude-code", "SessionStart")["agent_id"]
     send = sender(hws)
-    # quotes and newlines cost double once JSON-escaped: the cap is on what the harness receives
+    # Claude Code counts the parsed context (quotes and newlines once each), in UTF-16 code units
     sent = [send(me, f"signal {i} " + ('"quoted"\n' * 60)) for i in range(25)]
     seen, rounds = [], 0
     while len(seen) < len(sent) and rounds < 10:
         rounds += 1
         result = run(hws, "claude-code", "PostToolUse")
-        printed = json.dumps(result["output"], ensure_ascii=False)
-        assert len(printed) < 10_000
         text = context(result)
+        assert len(text.encode("utf-16-le")) // 2 <= 10_000
         for s in sent:
             if s["id"] in result["delivered"]:
                 assert s["content"] in text  # whole, never half
@@ -438,3 +438,150 @@ def test_a_real_process_answers_in_the_harness_shape(cli, hws):
     assert "from another process" in json.loads(done.stdout)["hookSpecificOutput"]["additionalContext"]
     done, _ = _hook(cli, "codex", json.dumps(event("codex", "Stop")))
     assert done.returncode == 0 and json.loads(done.stdout) == {}
+
+
+# -- each harness's own budget, counted its own way (issue 12 item 4, issue 11 item 7) --------------
+
+def printed_cost(harness: str, result) -> int:
+    """What the harness measures: Claude Code the context in UTF-16 code units, Codex its UTF-8 bytes,
+    Gemini CLI its UTF-16 code units once it has escaped < and >."""
+    text = context(result)
+    if harness == "claude-code":
+        return len(text.encode("utf-16-le")) // 2
+    if harness == "codex":
+        return len(text.encode("utf-8"))
+    return len(text.replace("<", "&lt;").replace(">", "&gt;").encode("utf-16-le")) // 2
+
+
+# content that looks short to len() but is long the way one harness counts it
+COSTLY = {
+    "codex": ("数" * 3400, "数" * 3000),                  # 3 UTF-8 bytes each: 10,200 bytes, then 9,000
+    "claude-code": ("\U0001F600" * 5200, "\U0001F600" * 4400),  # 2 UTF-16 units each: 10,400, then 8,800
+    "gemini-cli": ("<>" * 4000, "<>" * 3500),             # 8 units a pair once escaped: 32,000, then 28,000
+}
+
+
+@pytest.mark.parametrize("harness", sorted(COSTLY))
+def test_a_signal_over_the_harness_budget_is_not_marked_and_one_under_it_is(hws, harness):
+    me = run(hws, harness, "SessionStart")["agent_id"]
+    too_long, fitting = COSTLY[harness]
+    send = sender(hws)
+    big = send(me, too_long)
+    result = run(hws, harness, DELIVER[harness])
+    assert result["delivered"] == [] and big["id"] in result["withheld"]
+    assert too_long[:50] not in context(result) and big["id"][:12] in context(result)
+    assert printed_cost(harness, result) <= hooks.OUTPUT_BUDGETS[harness]
+    assert deliveries(hws, me) == []  # shown nowhere, so delivered nowhere
+    # once the big one is read and acked it no longer blocks; one that fits is shown whole and marked
+    actions.ack_signals(hws, Who(me, run_token=json.loads(hws.paths.hook_state(me).read_text())["run_token"]),
+                        [big["id"]], env={})
+    small = send(me, fitting)
+    result = run(hws, harness, DELIVER[harness])
+    assert result["delivered"] == [small["id"]] and fitting in context(result)
+    assert printed_cost(harness, result) <= hooks.OUTPUT_BUDGETS[harness]
+    assert deliveries(hws, me) == [(small["id"], "hook", 1)]
+
+
+@pytest.mark.parametrize("harness", sorted(COSTLY))
+def test_many_mixed_signals_fill_the_budget_exactly_as_shown(hws, harness):
+    me = run(hws, harness, "SessionStart")["agent_id"]
+    send = sender(hws)
+    pieces = ["ascii text ", "数据 ", "\U0001F680 ", '"quoted"\n', "<tag> ", "\x01\x02 "]
+    sent = [send(me, f"#{i} " + pieces[i % len(pieces)] * (20 + 15 * i)) for i in range(30)]
+    seen = []
+    for _ in range(30):
+        result = run(hws, harness, DELIVER[harness])
+        assert printed_cost(harness, result) <= hooks.OUTPUT_BUDGETS[harness]
+        text = context(result)
+        for s in sent:
+            assert (s["content"] in text) == (s["id"] in result["delivered"])  # shown whole ⇔ marked
+        marked = {row[0] for row in deliveries(hws, me)}
+        assert marked == set(seen) | set(result["delivered"])
+        seen += result["delivered"]
+        if len(seen) == len(sent):
+            break
+    assert sorted(seen) == sorted(s["id"] for s in sent)
+
+
+def test_the_budget_keeps_room_for_the_largest_summary():
+    budget = hooks.ContextBudget("codex", hooks.OUTPUT_BUDGETS["codex"], ["preamble"], "ack hint", "read hint")
+    signal = {"id": "a" * 64, "sender": "bob", "recipient": "me", "type": "inform", "timestamp": "t", "content": ""}
+    worst = hooks.render_context(["preamble"], [signal], [{"id": "f" * 64, "content": "x" * 10 ** 6}] * 5000,
+                                 "ack hint", "read hint")
+    assert budget.fixed + budget.block_cost(signal) >= budget.cost(worst)
+
+
+# -- identity at the edges (issue 11 items 1 and 7) --------------------------------------------------
+
+def test_a_model_name_over_128_characters_still_registers_the_agent(hws):
+    model = "m" * 300 + "\udcff"
+    raw = json.dumps({**event("claude-code", "SessionStart"), "model": model})
+    result = hooks.handle("claude-code", raw, state_dir=hws.root, env={})
+    assert result["problems"] == [] and result["agent_id"] == hooks.agent_id_for("claude-code", CONV, env={})
+    listed = actions.list_agents(hws, Who(result["agent_id"]), env={})["agents"]
+    (me,) = [a for a in listed if a["id"] == result["agent_id"]]
+    assert len(me["substrate"]) == 128 and me["substrate"] == "m" * 128
+
+
+def test_a_hook_never_adopts_an_id_someone_else_registered_first(hws):
+    derived = hooks.agent_id_for("claude-code", CONV, env={})
+    squatter = actions.start(hws, agent_id=derived, env={}, write_identity=False)
+    sender(hws)(derived, "for the squatter only")
+    result = run_allowing(hws, "claude-code", "SessionStart")
+    me = result["agent_id"]
+    assert me != derived and me.startswith("claude_code_" + hashlib.sha256(CONV.encode()).hexdigest()[:8])
+    assert any(derived in p and "someone else" in p for p in result["problems"])
+    # it stays that agent on every later event, and never sees (nor marks) the squatter's signals
+    later = run(hws, "claude-code", "PostToolUse")
+    assert later["agent_id"] == me and "for the squatter only" not in context(later)
+    # the squatter's slot is untouched: its token still works, and its signal still waits for it
+    theirs = Who(derived, session_id=squatter["session_id"], run_token=squatter["run_token"])
+    pending = actions.signals_pending(hws, theirs, env={})["pending_signals"]
+    assert [s["content"] for s in pending] == ["for the squatter only"]
+
+
+def test_a_stale_squatter_is_not_taken_over_either(hws):
+    derived = hooks.agent_id_for("codex", CONV, env={})
+    past = datetime.now(timezone.utc) - timedelta(hours=3)
+    actions.start(hws, agent_id=derived, env={}, write_identity=False, now=past)
+    result = run_allowing(hws, "codex", "SessionStart")
+    assert result["agent_id"] != derived
+
+
+def test_a_slot_taken_over_while_stale_is_not_acted_for(hws):
+    me = run(hws, "claude-code", "SessionStart")["agent_id"]
+    session = json.loads(hws.paths.hook_state(me).read_text())["session_id"]
+    later = datetime.now(timezone.utc) + timedelta(hours=3)  # the hook's slot looks stale from then
+    taker = actions.start(hws, agent_id=me, session_id=session, env={}, write_identity=False, now=later)
+    assert taker["registration"] == "taken_over"
+    result = run_allowing(hws, "claude-code", "PostToolUse")
+    assert result["agent_id"] != me  # a fresh id of its own, not the taker's slot
+    beat = json.loads(hws.paths.heartbeat(result["agent_id"]).read_text())
+    assert beat["status"] == "active"
+
+
+def test_hooks_of_one_conversation_that_fire_together_register_once(hws, tmp_path):
+    script = ("import json, sys\nfrom synapolis import hooks\n"
+              "r = hooks.handle('claude-code', sys.stdin.read(), state_dir=sys.argv[1], env={})\n"
+              "print(json.dumps(r['agent_id']))\n")
+    raw = json.dumps(event("claude-code", "PostToolUse"))
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(hws.root)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True) for _ in range(6)]
+    for p in procs:
+        p.stdin.write(raw)
+        p.stdin.close()
+    ids = {json.loads(p.stdout.read()) for p in procs}
+    assert all(p.wait(timeout=60) == 0 for p in procs)
+    assert ids == {hooks.agent_id_for("claude-code", CONV, env={})}
+
+
+def test_session_end_of_a_conversation_never_registered_touches_nobody(hws):
+    derived = hooks.agent_id_for("claude-code", CONV, env={})
+    actions.start(hws, agent_id=derived, env={}, write_identity=False)
+    run(hws, "claude-code", "SessionEnd")
+    assert json.loads(hws.paths.heartbeat(derived).read_text())["status"] == "active"
+
+
+def run_allowing(ws, harness, name, conversation=CONV):
+    """Like run(), but problems on stderr are allowed (they are part of what is tested)."""
+    return hooks.handle(harness, json.dumps(event(harness, name, conversation)), state_dir=ws.root, env={})

@@ -24,6 +24,7 @@ EP_COLUMNS = {
 }
 
 
+@pytest.mark.sqlite_only
 def test_store_has_ep0118_tables_in_wal_mode(ws):
     sid = sessions.create_session(ws, "s1", now=NOW)
     conn = sqlite3.connect(str(ws.paths.session_db(sid)))

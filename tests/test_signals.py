@@ -221,6 +221,7 @@ def test_ack_by_prefix_and_all(ws, trio, db_rows):
         actions.ack_signals(ws, trio["bob"], "", env={}, now=NOW)
 
 
+@pytest.mark.sqlite_only
 def test_ambiguous_prefix(ws, trio):
     # two stored ids sharing 8 characters: forge them (finding a real collision takes 2**32 tries)
     from synapolis.store import SessionStore
@@ -237,6 +238,7 @@ def test_ambiguous_prefix(ws, trio):
     assert actions.ack_signals(ws, trio["bob"], "12345678a", env={}, now=NOW)["acked"] == ["12345678" + "a" * 56]
 
 
+@pytest.mark.sqlite_only
 def test_watermarks_agree_with_a_naive_reading(ws, trio):
     """Random sends and acks: the indexed inbox equals a brute-force filter of every signal."""
     import random

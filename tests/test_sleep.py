@@ -15,14 +15,11 @@ from synapolis.identity import Who
 from synapolis.schemas import validation_errors
 from synapolis.timeutil import utcnow
 
+from conftest import store_rows
+
 
 def db_rows(ws, session_id, sql, args=()):
-    conn = sqlite3.connect(ws.paths.session_db(session_id))
-    conn.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in conn.execute(sql, args).fetchall()]
-    finally:
-        conn.close()
+    return store_rows(ws, session_id, sql, args)
 
 
 def registry(ws, session_id):
@@ -42,7 +39,10 @@ def who(agent_id, session_id):
 
 
 def ledger(ws):
-    return read_jsonl(ws.paths.memory_ledger)
+    """The ledger's lines from the store (memory/ledger.jsonl, or the shared database's)."""
+    from synapolis.store import store_for
+
+    return store_for(ws).read_ledger()
 
 
 # --- the CLI, as two agents would use it -----------------------------------------------------------
@@ -199,7 +199,7 @@ def test_consolidation_again_adds_nothing(ws):
     sid = start(ws, "alice", new_session=True, now=now)["session_id"]
     first = sleep.tired(ws, who("alice", sid), memories=memories, now=now)
     assert (first["outcome"], first["merged"]) == ("consolidated", 2)
-    snapshot = ws.paths.memory_ledger.read_bytes()
+    snapshot = ledger(ws)
 
     # tired again in the ended session: consolidates what is staged (nothing new), exit 0
     again = sleep.tired(ws, who("alice", sid), memories=memories, now=now + timedelta(seconds=1))
@@ -211,7 +211,7 @@ def test_consolidation_again_adds_nothing(ws):
     third = sleep.tired(ws, who("bob", sid2), memories=["USE   UV", {"text": "DB IS PG", "key": "db"}],
                         now=now + timedelta(seconds=3))
     assert (third["outcome"], third["merged"], third["already_held"]) == ("consolidated", 0, 2)
-    assert ws.paths.memory_ledger.read_bytes() == snapshot
+    assert ledger(ws) == snapshot
     assert staged_count(ws, sid2) == 0
 
 
@@ -239,6 +239,7 @@ def test_retried_tired_stages_once(ws):
     assert staged_count(ws, sid) == 3
 
 
+@pytest.mark.sqlite_only
 def test_broken_staged_row_is_left_staged_not_lost(ws):
     now = utcnow()
     sid = start(ws, "alice", new_session=True, now=now)["session_id"]

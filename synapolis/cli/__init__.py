@@ -3,7 +3,8 @@
 Hooks call the CLI on every tool call of every agent, so start-up cost matters twice over here:
 commands live in the modules of this package and are imported only when invoked, and click itself
 (most of the cost of a bare `python -c "import click"`) is imported only when a verb needs it. A
-hook does not: `main` hands `[--state-dir DIR] hook HARNESS` straight to `synapolis.hooks`.
+hook does not: `main` hands `[--state-dir DIR] hook HARNESS` straight to `synapolis.hooks`, and the
+plain forms of the hot agent verbs (beat, signal, read-signals, ...) to `synapolis.cli.fast`.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ COMMANDS: dict[str, str] = {
     "serve": "serve_cmds:serve_cmd",
     "tokens": "token_cmds:tokens_group",
     "tired": "sleep_cmds:tired_cmd",
+    "memories": "sleep_cmds:memories_cmd",
 }
 
 
@@ -51,14 +53,25 @@ def _wants_json(args) -> bool:
     return "--json" in args
 
 
+def put(text: str, err: bool = False) -> None:
+    """`text` and a newline on stdout (stderr), as click.echo writes it: nothing when the stream is closed."""
+    stream = sys.stderr if err else sys.stdout
+    if stream is None:
+        return
+    stream.write(text + "\n")
+    stream.flush()
+
+
 def report_error(error: SynapolisError, as_json: bool) -> None:
-    import click
+    """The contract's error: one JSON object on stdout with --json, one terminal-safe line on stderr.
+    Without click: the fast path (synapolis.cli.fast) reports through here too."""
+    from .text import terminal_safe
 
     if as_json:
         import json
 
-        click.echo(json.dumps(error.to_json()))
-    click.echo(f"synapolis: {error.type_name}: {error.message}", err=True)
+        put(json.dumps(error.to_json()))
+    put(terminal_safe(f"synapolis: {error.type_name}: {error.message}"), err=True)
 
 
 def run_guarded(call, ctx=None):
@@ -200,6 +213,11 @@ def main(argv=None):
     hook = _hook_call(args)
     if hook is not None:
         _hook_main(*hook)
+    from .fast import parse, run
+
+    call = parse(args)
+    if call is not None:
+        run(call)  # exits
     _click_main(args)
 
 

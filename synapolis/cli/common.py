@@ -8,6 +8,7 @@ import json
 import click
 
 from ..workspace import Workspace
+from .text import ago, more_line, one_line, render, signal_line, table, terminal_safe, with_pending  # noqa: F401
 
 
 # Options that many commands take are built once and shared: constructing the five identity
@@ -67,25 +68,18 @@ def pass_workspace(create: bool):
 
 
 def emit(as_json: bool, data: dict, text=None) -> None:
-    """Print `data` as one JSON object, or `text(data)` (a string or lines) for people."""
+    """Print `data` as one JSON object, or `text(data)` (a string or lines) for people, terminal-safe."""
     if as_json:
         click.echo(json.dumps(data, ensure_ascii=False))
         return
-    if text is None:
-        click.echo(json.dumps(data, indent=2, ensure_ascii=False))
-        return
-    out = text(data)
-    if isinstance(out, (list, tuple)):
-        out = "\n".join(out)
+    out = render(data, text)
     if out:
         click.echo(out)
 
 
-def table(rows: list[list[str]], headers: list[str]) -> str:
-    """Aligned columns for people."""
-    cells = [headers] + [[("" if c is None else str(c)) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
+def say(text: str, err: bool = False) -> None:
+    """One piece of text for people, terminal-safe (text.terminal_safe), on stdout or stderr."""
+    click.echo(terminal_safe(text), err=err)
 
 
 def agent_options(func):
@@ -97,45 +91,3 @@ def agent_options(func):
 
         return func(*args, who=Who(agent_id, session_id, run_token), piggyback=not no_piggyback, **kwargs)
     return identity_options(wrapper)
-
-
-def ago(stamp, now=None) -> str:
-    """How long ago (or until) an RFC 3339 `stamp` is, for people: "4m ago", "in 2h"; "-" when missing or unreadable."""
-    from ..timeutil import humanize_age, parse_ts, utcnow
-
-    if not stamp:
-        return "-"
-    try:
-        return humanize_age(((now or utcnow()) - parse_ts(stamp)).total_seconds())
-    except (TypeError, ValueError):
-        return "-"
-
-
-def one_line(text, width: int = 100) -> str:
-    """`text` on one line (white space folded), cut to `width` characters with "..."."""
-    text = " ".join(str(text).split())
-    return text if len(text) <= width else text[: width - 3] + "..."
-
-
-def signal_line(s: dict) -> str:
-    """One signal as one line: sequence, id, age, sender -> recipient, type, flags, content."""
-    flags = []
-    if s.get("read"):
-        flags.append("read")
-    elif "read" in s:
-        flags.append("unread")
-    if s.get("reply_to"):
-        flags.append(f"re {s['reply_to'][:8]}")
-    extra = f" ({', '.join(flags)})" if flags else ""
-    return (f"#{s['sequence']:<5} {s['id'][:12]}  {ago(s['timestamp']):>8}  {s['sender']} -> {s['recipient']}  "
-            f"[{s['type']}]{extra}  {one_line(s['content'])}")
-
-
-def with_pending(lines, data: dict) -> list[str]:
-    """The verb's own text, then the signals this response delivered (contract §7)."""
-    lines = [lines] if isinstance(lines, str) else list(lines)
-    pending = data.get("pending_signals") or []
-    if pending:
-        lines.append(f"-- {len(pending)} pending signal(s), delivered now; ack with `synapolis ack-signals ID`:")
-        lines += [signal_line(s) for s in pending]
-    return lines

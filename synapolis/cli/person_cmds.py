@@ -53,19 +53,30 @@ def _project_option(func):
 @hooks_group.command("install")
 @click.argument("harness", type=click.Choice(HARNESS_NAMES))
 @_project_option
+@click.option("--trust", is_flag=True,
+              help="Codex only: also record these hooks as trusted in Codex's user config ($CODEX_HOME/config.toml), "
+                   "as its own review would. Only when you have read them.")
 @json_option
-def hooks_install_cmd(harness, project_dir, as_json):
+def hooks_install_cmd(harness, project_dir, trust, as_json):
     """Merge synapolis's hooks into HARNESS's project settings file, keeping everything else (idempotent).
+
+    The hooks run this synapolis by its absolute path. Notes say what is left before the harness runs them
+    (Codex: trust the project and the hooks; Gemini CLI: a trusted folder, hooks switched on).
 
     Example: synapolis hooks install gemini-cli --project-dir ~/src/app
     """
     from ..hook_install import install
 
     def text(d):
-        what = f"added hooks for {', '.join(d['added'])}" if d["added"] else "already installed, nothing changed"
-        return [f"{d['harness']}: {what} in {d['settings_file']}"] + [f"note: {n}" for n in d["notes"]]
+        done = [f"added hooks for {', '.join(d['added'])}"] if d["added"] else []
+        done += [f"updated the command of {', '.join(d['updated'])}"] if d["updated"] else []
+        what = "; ".join(done) or "already installed, nothing changed"
+        lines = [f"{d['harness']}: {what} in {d['settings_file']}", f"command: {d['command']}"]
+        if d["trusted"]:
+            lines.append(f"trusted in Codex's config: {len(d['trusted'])} hook(s)")
+        return lines + [f"note: {n}" for n in d["notes"]]
 
-    emit(as_json, install(harness, project_dir), text)
+    emit(as_json, install(harness, project_dir, trust=trust), text)
 
 
 @hooks_group.command("uninstall")

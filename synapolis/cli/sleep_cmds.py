@@ -7,7 +7,7 @@ import sys
 import click
 
 from ..errors import UsageError
-from .common import agent_options, emit, one_line, pass_workspace, with_pending
+from .common import agent_options, emit, json_option, one_line, pass_workspace, with_pending
 
 
 def read_memories_input(source: str | None) -> bytes | None:
@@ -55,7 +55,7 @@ def tired_text(d: dict) -> list[str]:
 @click.option("--memories", "memories_source", metavar="FILE|-", default=None,
               help="What you learned: a JSON array of strings or {text, key, tags} objects, or JSON lines; '-' reads stdin.")
 @agent_options
-@pass_workspace(create=True)
+@pass_workspace(create=False)  # the verb creates it after checking the names (§2)
 def tired_cmd(ws, memories_source, who, piggyback, as_json):
     """Go idle, stage your memories, and, if you are the last active agent, merge them all.
 
@@ -69,3 +69,29 @@ def tired_cmd(ws, memories_source, who, piggyback, as_json):
     # tired() checks every memory before it writes anything: bad input stages nothing (exit 2)
     result = tired(ws, who, memories=read_memories_input(memories_source), piggyback=piggyback)
     emit(as_json, result, tired_text)
+
+
+def memories_text(d: dict) -> list[str]:
+    if not d["memories"]:
+        return [f"no memories yet ({d['ledger']})"]
+    lines = []
+    for m in d["memories"]:
+        key = f"[{m['key']}] " if m.get("key") else ""
+        lines.append(f"{m['merged_at'] or '-':<27} {key}{one_line(m['text'])}  (from {', '.join(m['sources'])})")
+    if d["total"] > len(d["memories"]):
+        lines.append(f"({len(d['memories'])} newest of {d['total']}; --limit shows more)")
+    return lines
+
+
+@click.command("memories")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the newest N memories.")
+@json_option
+@pass_workspace(create=False)
+def memories_cmd(ws, limit, as_json):
+    """The consolidated memory ledger, oldest first (from the store: the ledger file, or the shared database).
+
+    Example: synapolis memories --limit 20
+    """
+    from ..sleep import memories
+
+    emit(as_json, memories(ws, limit=limit), memories_text)

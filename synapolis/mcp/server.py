@@ -20,6 +20,7 @@ INSTRUCTIONS = (
     "the identity it returns is remembered, else SYNAPOLIS_AGENT_ID/SYNAPOLIS_SESSION_ID/SYNAPOLIS_RUN_TOKEN "
     "from the server's environment apply; any tool may name agent_id (+run_token, session_id) explicitly. "
     "Every result has pending_signals: signals delivered with this answer; handle them, then ack_signals. "
+    "Answers are pages: pending_remaining > 0 means more wait (signals_pending delivers the next page). "
     "A signal: id, sequence, timestamp, sender, recipient, type, content, lamport, read, delivered_at. "
     "Errors read '<Type> (exit N): message'. Subscribe to synapolis://session/{session_id}/inbox/{agent_id} "
     "to be told when a signal arrives."

@@ -173,12 +173,14 @@ def register_tools(server, state: ServerState) -> None:
         who = state.who(ctx, agent_id, session_id, run_token)
         return await call(actions.signal, who, to, content, type=type, sender_id=sender_id, reply_to=reply_to)
 
-    @server.tool(description="Your signals, oldest first (unread only by default). Marks nothing read.")
+    @server.tool(description="A page of your signals, oldest first (unread only by default; limit default 200). "
+                             "Marks nothing read. remaining: how many more (up to 1000); next page: after=next_after.")
     async def read_signals(unread_only: bool = True, limit: Annotated[int | None, Field(gt=0)] = None,
+                           after: Annotated[int | None, Field(ge=0)] = None,
                            agent_id: AgentId = None, session_id: SessionId = None,
                            run_token: RunToken = None, ctx: Context = None) -> SignalsResult:
         who = state.who(ctx, agent_id, session_id, run_token)
-        return await call(actions.read_signals, who, unread_only=unread_only, limit=limit)
+        return await call(actions.read_signals, who, unread_only=unread_only, limit=limit, after=after)
 
     @server.tool(description="Mark signals read: full ids or unique 8+ char prefixes, or all=true.")
     async def ack_signals(signal_ids: list[str] | None = None, all: bool = False, agent_id: AgentId = None,
@@ -187,17 +189,20 @@ def register_tools(server, state: ServerState) -> None:
         who = state.who(ctx, agent_id, session_id, run_token)
         return await call(actions.ack_signals, who, list(signal_ids or []), all=all)
 
-    @server.tool(description="Deliver signals not yet delivered to you.")
-    async def signals_pending(agent_id: AgentId = None, session_id: SessionId = None,
-                              run_token: RunToken = None, ctx: Context = None) -> _Result:
+    @server.tool(description="Deliver a page of signals not yet delivered to you (limit default 200); "
+                             "pending_remaining: how many more wait.")
+    async def signals_pending(limit: Annotated[int | None, Field(gt=0)] = None, agent_id: AgentId = None,
+                              session_id: SessionId = None, run_token: RunToken = None,
+                              ctx: Context = None) -> _Result:
         who = state.who(ctx, agent_id, session_id, run_token)
-        return await call(actions.signals_pending, who, method="poll")
+        return await call(actions.signals_pending, who, method="poll", limit=limit)
 
-    @server.tool(description="The session's notes: the newest `limit`, oldest first.")
+    @server.tool(description="The session's notes: the newest `limit`, oldest first; older: before=next_before.")
     async def read_notes(session_id: SessionId = None, limit: Annotated[int, Field(gt=0)] = 50,
-                         agent_id: AgentId = None, ctx: Context = None) -> NotesResult:
+                         before: Annotated[int | None, Field(gt=0)] = None, agent_id: AgentId = None,
+                         ctx: Context = None) -> NotesResult:
         who = state.who(ctx, agent_id, session_id, writes=False)
-        return await call(actions.read_notes, who, session_id=session_id, limit=limit)
+        return await call(actions.read_notes, who, session_id=session_id, limit=limit, before=before)
 
     @server.tool(description="Append a note to the session's notes bus.")
     async def note(text: str, agent_id: AgentId = None, session_id: SessionId = None,
@@ -259,8 +264,8 @@ def register_resources(server, state: ServerState) -> None:
     from ..identity import Who
 
     @server.resource(watch.INBOX_TEMPLATE, name="inbox", mime_type="application/json",
-                     description="The agent's unread signals, as JSON with a signals list. Only that agent may "
-                                 "read it: reading marks them delivered (push).")
+                     description="A page of the agent's unread signals, as JSON: signals, remaining, next_after. "
+                                 "Only that agent may read it: reading marks them delivered (push).")
     async def inbox(session_id: str, agent_id: str, ctx: Context = None) -> str:
         def read():
             who = state.who(ctx)  # the caller's own identity: the URI names whose inbox, not who asks

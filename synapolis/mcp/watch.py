@@ -125,11 +125,10 @@ class Subscriptions:
 
 
 def notes_size(ws, session_id: str) -> int:
-    """The notes bus grows by appends only, so its size says whether there is a new note."""
-    try:
-        return os.stat(ws.paths.session_notes(session_id)).st_size
-    except OSError:
-        return 0
+    """A number that grows with each note of the session (the notes file's size on SQLite; see the store)."""
+    from ..store import store_for
+
+    return store_for(ws).notes_version(session_id)
 
 
 def inbox_sequence(ws, session_id: str, agent_id: str, store=None) -> int:
@@ -312,13 +311,33 @@ class SessionWatcher:
                     pass
             self._stores.clear()
 
+    def _on_store_change(self, session_id: str | None) -> None:
+        """A shared store's push (PostgreSQL LISTEN/NOTIFY: a signal stored on any machine); None after a
+        (re)connection, when notices may have been lost: every subscribed session is checked again."""
+        if self.on_change is not None:  # the dashboard: news from another machine is news too
+            with self._cond:
+                self._changed = True
+                self._last_event = time.monotonic()
+                self._cond.notify()
+        if session_id is not None:
+            self.mark_dirty(session_id)
+            return
+        for watched in self.subscriptions.snapshot().values():
+            self.mark_dirty(watched.session_id)
+
     def start(self) -> "SessionWatcher":
+        from ..store import store_for
+
         self._start_observer()
+        self._listen_stop = threading.Event()
+        self._listener = store_for(self.ws).listen(self._on_store_change, self._listen_stop)
         self._thread = threading.Thread(target=self._run, name="synapolis-mcp-watch", daemon=True)
         self._thread.start()
         return self
 
     def stop(self, timeout: float = 2.0) -> None:
+        if getattr(self, "_listen_stop", None) is not None:
+            self._listen_stop.set()
         with self._cond:
             self._stopping = True
             self._cond.notify_all()

@@ -84,13 +84,10 @@ class Transaction(abc.ABC):
         """The highest Lamport value of any stored signal (0 when none)."""
 
     @abc.abstractmethod
-    def signal_exists(self, signal_id: str) -> bool:
-        """Whether a signal with this id is stored."""
-
-    @abc.abstractmethod
-    def insert_signal(self, signal: dict) -> int:
+    def insert_signal(self, signal: dict) -> int | None:
         """Store a signal (id, timestamp, sender, recipient, type, content, lamport, reply_to);
-        returns its `sequence`, which orders it after every signal committed before it."""
+        returns its `sequence`, which orders it after every signal committed before it, or None
+        (nothing stored) when a signal with that id exists already."""
 
     @abc.abstractmethod
     def recent_signals(self, limit: int) -> list:
@@ -108,6 +105,13 @@ class Transaction(abc.ABC):
         after `dfloor`), optionally only unread / never delivered to it, ordered by sequence and cut
         to `limit` from the chosen end; with `reader_fields`, each row also carries `read_at`,
         `delivered_at` and `delivery_method` for this reader. Returned oldest first."""
+
+    def count_visible(self, agent_id: str, bfloor: int, dfloor: int, *, unread: bool = False,
+                      undelivered: bool = False, below: int | None = None, cap: int = 1000) -> int:
+        """How many signals `visible_signals` would return with these filters (and sequence < `below`),
+        counted up to `cap`. This fallback reads them; a store should count in its query."""
+        rows = self.visible_signals(agent_id, bfloor, dfloor, unread=unread, undelivered=undelivered)
+        return min(cap, sum(1 for r in rows if below is None or r["sequence"] < below))
 
     @abc.abstractmethod
     def first_visible_sequence(self, agent_id: str, bfloor: int, dfloor: int, *, unread: bool = False,
@@ -134,6 +138,11 @@ class Transaction(abc.ABC):
     @abc.abstractmethod
     def add_reads(self, agent_id: str, signal_ids: list, stamp: str) -> None:
         """Mark signals read by the agent (already read ones stay as they were)."""
+
+    # -- heartbeat copies -------------------------------------------------------------------------------
+    def put_heartbeat(self, doc: dict, stamp: str) -> None:
+        """A copy of the agent's latest heartbeat document, for readers on other machines (§12). The
+        local file is always written first; SQLite stores nothing here (the file is the heartbeat)."""
 
     # -- the rate limit ----------------------------------------------------------------------------
     @abc.abstractmethod
@@ -235,6 +244,67 @@ class Store(abc.ABC):
         unchanged (SQLite: the file's device and inode, so a replaced session.db is reopened)."""
         return (self.kind,)
 
+    # -- the notes bus ----------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def note_appender(self, session_id: str) -> contextlib.AbstractContextManager:
+        """`with store.note_appender(sid) as add:` then `add(tx, agent_id, text, now)` appends one note
+        (seq unique and increasing) that stands or falls with the write transaction `tx`."""
+
+    @abc.abstractmethod
+    def read_notes(self, session_id: str, limit: int) -> list[dict]:
+        """The newest `limit` notes of the session, oldest first."""
+
+    @abc.abstractmethod
+    def notes_version(self, session_id: str) -> int:
+        """A number that grows whenever a note is added to the session (for subscriptions)."""
+
+    # -- the memory ledger ------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def append_ledger(self, tx: Transaction, merged: list, *, session_id: str, merged_by: str,
+                      reader=None) -> tuple[list, list]:
+        """Inside the consolidating transaction `tx`: append the merged lines the ledger does not hold yet
+        (sleep.LedgerHoldings decides); returns (written, already held). Two consolidations at once
+        never both write one memory."""
+
+    @abc.abstractmethod
+    def read_ledger(self) -> list[dict]:
+        """Every ledger line, oldest first."""
+
+    def ledger_location(self) -> str:
+        """Where the ledger lives, for people (a file, or the database without its password)."""
+        return self.kind
+
+    def heartbeat_copies(self) -> list[dict]:
+        """The latest heartbeat document of every agent that wrote one into the store (SQLite: none;
+        its readers read the heartbeat files). Each has `received_at`, the store's time of the copy."""
+        return []
+
+    def heartbeat_copy(self, agent_id: str) -> dict | None:
+        """One agent's copy (see heartbeat_copies), or None."""
+        return None
+
+    # -- claims (contract §9) ---------------------------------------------------------------------------
+    def claim_slot(self, item: str) -> contextlib.AbstractContextManager:
+        """`with store.claim_slot(item) as slot:` one item's claim, exclusively: `slot.record` (None when
+        missing or unreadable), `slot.existed`, `slot.high_water()` (the highest token ever handed out),
+        `slot.write(record, event)` (the record and its event, both or neither). SQLite: the claim file
+        under its file lock."""
+        from ..claims import file_slot
+
+        return file_slot(self.ws, item)
+
+    def claim_document(self, item: str) -> tuple:
+        """(record or None, existed) of one item, without locking."""
+        from ..claims import file_document
+
+        return file_document(self.ws, item)
+
+    def claim_documents(self):
+        """(record or None, name, error) of every claimed item."""
+        from ..claims import file_documents
+
+        return file_documents(self.ws)
+
     def now(self):
         """The moment every comparison between agents uses: the local clock, or the server's."""
         from ..timeutil import utcnow
@@ -249,6 +319,13 @@ class Store(abc.ABC):
 
         with locked(lock_path, blocking=False) as got:
             yield got
+
+    def listen(self, on_change, stop, retry_s: float = 1.0):
+        """Push: call `on_change(session_id)` when a signal is stored in that session by any process,
+        and `on_change(None)` when everything must be re-checked (after a lost connection). Returns the
+        thread doing it, or None when the store has no push of its own (SQLite: watch the session
+        folder instead)."""
+        return None
 
     def close(self) -> None:
         """Release what the store holds (connections)."""

@@ -266,10 +266,10 @@ class SqliteTransaction(base.Transaction):
     def max_lamport(self):
         return int(self.conn.execute("SELECT COALESCE(max(lamport), 0) FROM signals").fetchone()[0])
 
-    def signal_exists(self, signal_id):
-        return self.conn.execute("SELECT 1 FROM signals WHERE id = ?", (signal_id,)).fetchone() is not None
-
     def insert_signal(self, signal):
+        # looked up first: an ignored INSERT would still use up an AUTOINCREMENT number
+        if self.conn.execute("SELECT 1 FROM signals WHERE id = ?", (signal["id"],)).fetchone() is not None:
+            return None
         cursor = self.conn.execute(
             "INSERT INTO signals (id, timestamp, sender, recipient, type, content, lamport, reply_to) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (signal["id"], signal["timestamp"], signal["sender"],
@@ -287,11 +287,35 @@ class SqliteTransaction(base.Transaction):
         return self.conn.execute(f"SELECT {_COLS} FROM signals s WHERE s.id >= ? AND s.id < ? LIMIT ?",
                                  (ref, ref + "g", limit)).fetchall()
 
-    @staticmethod
-    def _visible_select(agent_id, bfloor, dfloor, unread, undelivered):
-        """The visible signals after the floors, as a UNION ALL each branch of which an index serves."""
+    MAX_FAMILY_SEEKS = 64  # sub-agent recipients served by one index seek each; more: one range scan
+
+    def _family_recipients(self, agent_id):
+        """The distinct sub-agent recipients (`a.x`, `a.x.y`) signals were sent to, each found by one seek
+        of the recipient index; None when there are more than MAX_FAMILY_SEEKS (the caller scans the range)."""
+        lo, hi = _family(agent_id)
+        found, last = [], lo
+        while len(found) <= self.MAX_FAMILY_SEEKS:
+            row = self.conn.execute("SELECT recipient FROM signals WHERE recipient > ? AND recipient < ? "
+                                    "ORDER BY recipient LIMIT 1", (last, hi)).fetchone()
+            if row is None:
+                return found
+            found.append(row[0])
+            last = row[0] + "\x00"  # the next recipient after this one (ids never hold NUL)
+        return None
+
+    def _visible_select(self, agent_id, bfloor, dfloor, unread, undelivered, below=None):
+        """The visible signals after the floors (and before `below`), as a UNION ALL each branch of which
+        an index serves.
+
+        Each branch is an equality on the recipient and a range on the sequence of `signals_by_recipient`,
+        so it comes out ordered by sequence and `ORDER BY sequence LIMIT n` stops after n rows: a page costs
+        the same whatever the session holds. Sub-agents get one branch each (found by index seeks); a range
+        on the recipient could not keep that order, and SQLite would rather walk the whole table by rowid.
+        """
         lo, hi = _family(agent_id)
         extra, extra_args = "", []
+        if below is not None:
+            extra, extra_args = " AND s.sequence < ?", [below]
         if unread:
             extra, extra_args = extra + _UNREAD, extra_args + [agent_id]
         if undelivered:
@@ -300,11 +324,16 @@ class SqliteTransaction(base.Transaction):
             ("s.recipient = '*' AND s.sequence > ? AND s.sender != ? AND NOT (s.sender > ? AND s.sender < ?)",
              [bfloor, agent_id, lo, hi]),
             ("s.recipient = ? AND s.sequence > ?", [agent_id, dfloor]),
-            ("s.recipient > ? AND s.recipient < ? AND s.sequence > ?", [lo, hi, dfloor]),
         ]
+        family = self._family_recipients(agent_id)
+        if family is None:
+            branches.append(("s.recipient > ? AND s.recipient < ? AND s.sequence > ?", [lo, hi, dfloor]))
+        else:
+            branches += [("s.recipient = ? AND s.sequence > ?", [who, dfloor]) for who in family]
         sql, args = [], []
         for where, params in branches:
-            sql.append(f"SELECT {_COLS} FROM signals s WHERE {where}{extra}")
+            source = "signals s INDEXED BY signals_by_recipient" if where.startswith("s.recipient >") else "signals s"
+            sql.append(f"SELECT {_COLS} FROM {source} WHERE {where}{extra}")
             args += params + extra_args
         return " UNION ALL ".join(sql), args
 
@@ -321,19 +350,28 @@ class SqliteTransaction(base.Transaction):
                "LEFT JOIN signal_deliveries d ON d.signal_id = v.id AND d.agent_id = ? ORDER BY v.sequence")
         return self.conn.execute(sql, [*args, agent_id, agent_id]).fetchall()
 
+    def count_visible(self, agent_id, bfloor, dfloor, *, unread=False, undelivered=False, below=None, cap=1000):
+        inner, args = self._visible_select(agent_id, bfloor, dfloor, unread, undelivered, below)
+        return int(self.conn.execute(f"SELECT count(*) FROM ({inner} LIMIT ?)", [*args, cap]).fetchone()[0])
+
     def first_visible_sequence(self, agent_id, bfloor, dfloor, *, unread=False, undelivered=False):
         inner, args = self._visible_select(agent_id, bfloor, dfloor, unread, undelivered)
-        row = self.conn.execute(f"SELECT min(sequence) FROM ({inner})", args).fetchone()
-        return int(row[0]) if row and row[0] is not None else None
+        # ORDER BY + LIMIT merges the ordered branches and stops at once; min() would read them all
+        row = self.conn.execute(f"{inner} ORDER BY sequence LIMIT 1", args).fetchone()
+        return int(row["sequence"]) if row is not None else None
 
     def latest_visible_sequence(self, agent_id):
         lo, hi = _family(agent_id)
+        family = self._family_recipients(agent_id)
+        queries = [("SELECT sequence FROM signals WHERE recipient = '*' AND sender != ? "
+                    "AND NOT (sender > ? AND sender < ?) ORDER BY sequence DESC LIMIT 1", (agent_id, lo, hi))]
+        queries += [("SELECT max(sequence) FROM signals WHERE recipient = ?", (who,))
+                    for who in [agent_id, *(family or [])]]
+        if family is None:
+            queries.append(("SELECT max(sequence) FROM signals INDEXED BY signals_by_recipient "
+                            "WHERE recipient > ? AND recipient < ?", (lo, hi)))
         best = 0
-        for sql, args in (
-                ("SELECT sequence FROM signals WHERE recipient = '*' AND sender != ? "
-                 "AND NOT (sender > ? AND sender < ?) ORDER BY sequence DESC LIMIT 1", (agent_id, lo, hi)),
-                ("SELECT max(sequence) FROM signals WHERE recipient = ?", (agent_id,)),
-                ("SELECT max(sequence) FROM signals WHERE recipient > ? AND recipient < ?", (lo, hi))):
+        for sql, args in queries:
             row = self.conn.execute(sql, args).fetchone()
             if row is not None and row[0] is not None:
                 best = max(best, int(row[0]))
@@ -539,6 +577,40 @@ class SqliteStore(base.Store):
     def open_session(self, session_id: str, create: bool = False) -> SessionStore:
         return SessionStore.open(self.ws, session_id, create=create)
 
+    @contextlib.contextmanager
+    def note_appender(self, session_id):
+        from ..board import note_appender
+
+        # notes.jsonl under its lock; a note whose transaction fails is taken back (board.note_appender)
+        with note_appender(self.ws, session_id) as add:
+            yield lambda tx, agent_id, text, now: add(agent_id, text, now)
+
+    def read_notes(self, session_id, limit):
+        from ..board import read_notes
+
+        return read_notes(self.ws, session_id, limit)
+
+    def notes_version(self, session_id):
+        try:
+            return os.stat(self.ws.files.session_notes(session_id)).st_size  # the bus grows by appends only
+        except OSError:
+            return 0
+
+    def append_ledger(self, tx, merged, *, session_id, merged_by, reader=None):
+        from ..sleep import append_to_ledger
+
+        # the file, under its own lock; a crash before the database commits is made safe by skipping
+        # what the ledger holds on the retry (sleep.consolidate)
+        return append_to_ledger(self.ws.paths, merged, session_id=session_id, merged_by=merged_by, reader=reader)
+
+    def read_ledger(self):
+        from ..sleep import read_ledger
+
+        return read_ledger(self.ws.paths)
+
+    def ledger_location(self):
+        return str(self.ws.paths.memory_ledger)
+
     def session_signature(self, session_id: str):
         try:
             st = os.stat(self.ws.files.session_db(session_id))
@@ -576,6 +648,7 @@ class SqliteStore(base.Store):
         return document
 
     def list_sessions(self) -> list[dict]:
+        from ..atomic import is_temp_name
         from ..errors import UsageError
 
         folder = self.ws.files.sessions  # plain strings: a beat that names no session looks here, without pathlib
@@ -585,7 +658,8 @@ class SqliteStore(base.Store):
             return []
         found = []
         for name in names:
-            if name.startswith(".") or not os.path.isdir(os.path.join(folder, name)):
+            # a session id may start with a dot (§2): only temp names and what is not a folder are skipped
+            if is_temp_name(name) or not os.path.isdir(os.path.join(folder, name)):
                 continue
             try:
                 document = self.read_session(name)

@@ -1,0 +1,284 @@
+#!/usr/bin/env python3
+"""The PostgreSQL store's costs (contract §12, issue 13), each against a baseline measured in the same run
+on the same server.
+
+1. Sends per second in-process: `signals.send` in its own write transaction on the store, against a raw
+   psycopg loop inserting one row per transaction into a table of the same shape (target: >= 0.3x).
+   The whole verb `actions.signal` (identity, heartbeat file and copy, piggyback) is shown too.
+2. Eight writer processes on two state directories ("machines"), the same on SQLite (one machine) for scale.
+3. `synapolis signal` and a hook call with the PostgreSQL store against `python -c "import psycopg"`
+   (target: <= 1.3x), interleaved runs, medians.
+4. Push: a signal stored through one state directory until the other's MCP watcher is told (p50 < 50 ms).
+5. `list-agents` and a broadcast with 1,000 agents registered.
+
+    python benchmarks/bench_postgres.py [--sends 2000] [--runs 21] [--agents 1000] [--no-write]
+
+The server: $SYNAPOLIS_TEST_PG_URL, else a throwaway one from scripts/synapolis-test-postgres.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from _common import HERE, bench_env, interpreter, machine, publish, ratio_table, synapolis_cmd, timed
+
+import psycopg
+
+from synapolis import actions, signals
+from synapolis.identity import Who
+from synapolis.store import close_all, open_session
+from synapolis.workspace import Workspace
+
+SECTION = "bench_postgres"
+SCRIPT = HERE.parent / "scripts" / "synapolis-test-postgres"
+
+
+def server() -> tuple[str, str | None]:
+    url = os.environ.get("SYNAPOLIS_TEST_PG_URL")
+    if url:
+        return url, None
+    done = subprocess.run(["bash", str(SCRIPT), "start"], capture_output=True, text=True, check=True)
+    found = dict(line.split("=", 1) for line in done.stdout.replace("export ", "").replace("'", "").split())
+    return found["SYNAPOLIS_TEST_PG_URL"], found["SYNAPOLIS_TEST_PG_DIR"]
+
+
+def fresh_database(admin_url: str) -> str:
+    name = "bench_" + secrets.token_hex(4)
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    return admin_url.rsplit("/", 1)[0] + "/" + name
+
+
+def workspace(root: Path, url: str, **config) -> Workspace:
+    ws = Workspace.open(root).ensure()
+    doc = json.loads(ws.paths.config.read_text())
+    doc.update(config, store=url)
+    ws.paths.config.write_text(json.dumps(doc))
+    return Workspace.open(root)
+
+
+def bench_sends(tmp: Path, url: str, count: int) -> dict:
+    ws = workspace(tmp / "sends", url, rate_limit_per_min=10 ** 6)
+    sid = actions.start(ws, agent_id="sender", session_id="bench", env={})["session_id"]
+    actions.start(ws, agent_id="sink", session_id=sid, env={})
+    # baseline: one row per transaction into a table shaped like `signals`, on its own connection
+    with psycopg.connect(url) as raw:
+        raw.execute("CREATE TABLE raw_signals (session_id TEXT, id TEXT, sequence BIGINT GENERATED ALWAYS AS "
+                    "IDENTITY PRIMARY KEY, timestamp TEXT, sender TEXT, recipient TEXT, type TEXT, content TEXT, "
+                    "lamport BIGINT, reply_to TEXT, UNIQUE (session_id, id))")
+        raw.commit()
+        started = time.perf_counter()
+        for i in range(count):
+            raw.execute("INSERT INTO raw_signals (session_id, id, timestamp, sender, recipient, type, content, lamport) "
+                        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                        (sid, f"{i:064x}", "2030-01-01T00:00:00.000000Z", "sender", "sink", "inform", f"raw {i}", i))
+            raw.commit()
+        raw_s = time.perf_counter() - started
+    store = open_session(ws, sid)
+    started = time.perf_counter()
+    for i in range(count):
+        with store.write() as tx:
+            signals.send(tx, caller="sender", recipient="sink", content=f"store {i}", now=actions._now(None, ws),
+                         config=ws.config)
+    store_s = time.perf_counter() - started
+    verb_count = max(count // 4, 50)
+    started = time.perf_counter()
+    for i in range(verb_count):
+        actions.signal(ws, Who("sender", sid), "sink", f"verb {i}", env={}, piggyback=False)
+    verb_s = time.perf_counter() - started
+    return {"raw": count / raw_s, "store": count / store_s, "verb": verb_count / verb_s, "count": count}
+
+
+WRITER = r"""
+import sys
+from synapolis import actions
+from synapolis.identity import Who
+from synapolis.workspace import Workspace
+ws = Workspace.open(sys.argv[1])
+for i in range(int(sys.argv[4])):
+    actions.signal(ws, Who(sys.argv[2], sys.argv[3]), "reader", f"{sys.argv[2]} {i}", env={}, piggyback=False)
+"""
+
+
+def eight_writers(dirs: list[Path], per_writer: int) -> float:
+    """Signals per second of 8 writer processes spread over `dirs`, while nobody reads."""
+    sid = "bench8"
+    first = Workspace.open(dirs[0])
+    actions.start(first, agent_id="reader", session_id=sid, env={})
+    for i in range(8):
+        actions.start(Workspace.open(dirs[i % len(dirs)]), agent_id=f"w{i}", session_id=sid, env={})
+    started = time.perf_counter()
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(dirs[i % len(dirs)]), f"w{i}", sid, str(per_writer)],
+                              env={**os.environ, "PYTHONPATH": str(HERE.parent)}) for i in range(8)]
+    for p in procs:
+        if p.wait() != 0:
+            raise SystemExit("a writer failed")
+    return 8 * per_writer / (time.perf_counter() - started)
+
+
+def bench_cli(tmp: Path, url: str, runs: int) -> list:
+    env = bench_env(tmp)
+    ws = workspace(tmp / "cli", url, rate_limit_per_min=10 ** 6)
+    sid = actions.start(ws, agent_id="alice", session_id="cli", env={})["session_id"]
+    actions.start(ws, agent_id="bob", session_id=sid, env={})
+    cmd = synapolis_cmd() + ["--state-dir", str(ws.root)]
+    hook_event = json.dumps({"session_id": "0f7e6d5c-1111-2222-3333-444455556666", "hook_event_name": "PostToolUse",
+                             "cwd": str(tmp), "tool_name": "Bash"})
+    cases = [
+        ('`python -c "import psycopg"` (baseline)', [sys.executable, "-c", "import psycopg"], None),
+        ("`synapolis signal` (PostgreSQL store)", cmd + ["signal", "--agent-id", "alice", "--session-id", sid,
+                                                         "bob", "hello"], None),
+        ("`synapolis hook claude-code` PostToolUse (PostgreSQL store)", cmd + ["hook", "claude-code"], hook_event),
+    ]
+    for _name, argv, stdin in cases:  # warm-up: bytecode caches, the hook's first registration
+        timed(argv, env, stdin=stdin)
+    samples = {name: [] for name, _a, _s in cases}
+    for _ in range(runs):
+        for name, argv, stdin in cases:
+            samples[name].append(timed(argv, env, stdin=stdin))
+    base = statistics.median(samples[cases[0][0]])
+    return [(name, statistics.median(samples[name]), statistics.median(samples[name]) / base)
+            for name, _a, _s in cases]
+
+
+def bench_push(tmp: Path, url: str, rounds: int) -> list[float]:
+    from synapolis.mcp.watch import SessionWatcher, Subscriptions, current_value
+
+    laptop = workspace(tmp / "push-laptop", url, rate_limit_per_min=10 ** 6)
+    runner = workspace(tmp / "push-runner", url, rate_limit_per_min=10 ** 6)
+    sid = actions.start(laptop, agent_id="alice", session_id="push", env={})["session_id"]
+    actions.start(runner, agent_id="bob", session_id=sid, env={})
+    uri = f"synapolis://session/{sid}/inbox/alice"
+    subscriptions = Subscriptions()
+    subscriptions.add(uri, "client", current_value(laptop, uri))
+    woken = threading.Event()
+    watcher = SessionWatcher(laptop, subscriptions, lambda uris: woken.set()).start()
+    # the other "machine" sends from a process of its own, so the two share no connection
+    sender = subprocess.Popen([sys.executable, "-c", (
+        "import sys\nfrom synapolis import actions\nfrom synapolis.identity import Who\n"
+        "from synapolis.workspace import Workspace\nws = Workspace.open(sys.argv[1])\n"
+        "for line in sys.stdin:\n"
+        "    actions.signal(ws, Who('bob', sys.argv[2]), 'alice', line.strip(), env={}, piggyback=False)\n"
+        "    print('sent', flush=True)\n"), str(runner.root), sid],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(HERE.parent)})
+    latencies = []
+    try:
+        time.sleep(1.0)
+        for i in range(rounds):
+            woken.clear()
+            began = time.perf_counter()
+            sender.stdin.write(f"push {i}\n")
+            sender.stdin.flush()
+            if not woken.wait(5):
+                raise SystemExit("a push never arrived")
+            latencies.append((time.perf_counter() - began) * 1000)
+            sender.stdout.readline()
+            time.sleep(0.05)
+    finally:
+        sender.stdin.close()
+        sender.wait()
+        watcher.stop()
+    return latencies
+
+
+def bench_many_agents(tmp: Path, url: str, agents: int) -> dict:
+    ws = workspace(tmp / "many", url, rate_limit_per_min=10 ** 6)
+    sid = actions.start(ws, agent_id="a0", session_id="many", env={})["session_id"]
+    with open_session(ws, sid) as store, store.write() as tx:
+        stamp = actions.ts(actions._now(None, ws))
+        for i in range(1, agents):
+            tx.register_agent(f"a{i}", harness="bench", substrate="", stamp=stamp, run_token=f"t{i}")
+    who = Who("a0", sid)
+    lists, sends = [], []
+    for _ in range(5):
+        began = time.perf_counter()
+        listed = actions.list_agents(ws, who, env={}, piggyback=False)
+        lists.append((time.perf_counter() - began) * 1000)
+        began = time.perf_counter()
+        actions.signal(ws, who, "*", "to everyone", env={}, piggyback=False)
+        sends.append((time.perf_counter() - began) * 1000)
+    assert len(listed["agents"]) == agents
+    return {"list_ms": statistics.median(lists), "broadcast_ms": statistics.median(sends)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sends", type=int, default=2000)
+    parser.add_argument("--runs", type=int, default=21)
+    parser.add_argument("--agents", type=int, default=1000)
+    parser.add_argument("--push", type=int, default=30)
+    parser.add_argument("--per-writer", type=int, default=100)
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    admin_url, cluster = server()
+    try:
+        with tempfile.TemporaryDirectory() as tmp_name:
+            tmp = Path(tmp_name)
+            url = fresh_database(admin_url)
+            sends = bench_sends(tmp, url, args.sends)
+            pg_dirs = [workspace(tmp / f"m{i}", url, rate_limit_per_min=10 ** 6).root for i in range(2)]
+            pg_writers = eight_writers(pg_dirs, args.per_writer)
+            lite = Workspace.open(tmp / "lite").ensure()
+            doc = json.loads(lite.paths.config.read_text())
+            doc["rate_limit_per_min"] = 10 ** 6
+            lite.paths.config.write_text(json.dumps(doc))
+            lite_writers = eight_writers([lite.root], args.per_writer)
+            cli = bench_cli(tmp, url, args.runs)
+            push = bench_push(tmp, url, args.push)
+            many = bench_many_agents(tmp, url, args.agents)
+            close_all()
+    finally:
+        if cluster:
+            subprocess.run(["bash", str(SCRIPT), "destroy", cluster], capture_output=True)
+    ratio = sends["store"] / sends["raw"]
+    worst_cli = max(r for _n, _s, r in cli[1:])
+    p50 = statistics.median(push)
+    p90 = sorted(push)[int(len(push) * 0.9) - 1]
+    lines = [
+        "## The PostgreSQL store (bench_postgres.py)",
+        "",
+        f"Machine: {machine()} · PostgreSQL 15 on 127.0.0.1 (scripts/synapolis-test-postgres: fsync off) · "
+        f"load average {os.getloadavg()[0]:.1f} when measured  ",
+        f"Command: `python benchmarks/bench_postgres.py --sends {args.sends} --runs {args.runs} "
+        f"--agents {args.agents} --push {args.push} --per-writer {args.per_writer}`  ",
+        interpreter(),
+        "",
+        "| sends per second (in-process, one transaction each) | per second | vs baseline |",
+        "|---|---|---|",
+        f"| raw psycopg single-row insert loop (baseline) | {sends['raw']:.0f} | 1.00x |",
+        f"| `signals.send` in a store write transaction | {sends['store']:.0f} | {ratio:.2f}x |",
+        f"| the whole verb `actions.signal` | {sends['verb']:.0f} | {sends['verb'] / sends['raw']:.2f}x |",
+        "",
+        f"Target: at least 0.3x the baseline — {'met' if ratio >= 0.3 else 'NOT met'} ({ratio:.2f}x).",
+        "",
+        "| 8 writer processes, 100 signals each | signals per second |",
+        "|---|---|",
+        f"| PostgreSQL, two state directories | {pg_writers:.0f} |",
+        f"| SQLite, one state directory (baseline) | {lite_writers:.0f} |",
+        "",
+        *ratio_table(cli),
+        "",
+        f"Target: at most 1.3x the baseline — {'met' if worst_cli <= 1.3 else 'NOT met'} ({worst_cli:.2f}x).",
+        "",
+        f"Push across machines (LISTEN/NOTIFY, {len(push)} signals, send in another process until the watcher's "
+        f"notify): p50 {p50:.1f} ms, p90 {p90:.1f} ms, max {max(push):.1f} ms. "
+        f"Target: p50 under 50 ms — {'met' if p50 < 50 else 'NOT met'}.",
+        "",
+        f"With {args.agents} agents registered: `list_agents` {many['list_ms']:.1f} ms, a broadcast "
+        f"`actions.signal` {many['broadcast_ms']:.1f} ms (medians of 5, in-process).",
+    ]
+    publish(SECTION, "\n".join(lines), write=not args.no_write)
+
+
+if __name__ == "__main__":
+    main()

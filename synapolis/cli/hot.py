@@ -1,0 +1,87 @@
+"""The agent verbs a harness runs on every tool call, without click: what each calls and how it reads.
+
+Both ways in share these: the click commands (`signal_cmds`) for help, errors and anything unusual,
+and `fast`, which parses the documented forms of these verbs itself so a plain `synapolis beat` never
+imports click. One function per verb: (the library's answer, how to show it to a person).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from .. import actions
+from .text import more_line, signal_line, with_pending
+
+
+def content_arg(value: str, ws) -> str:
+    """VALUE itself, or for '-' stdin as UTF-8 text without its final newline.
+
+    Read as bytes and bounded by max_content_bytes: an endless pipe must not fill memory, and bytes
+    that are not UTF-8 are a usage error (exit 2), not a crash.
+    """
+    if value != "-":
+        return value
+    from ..errors import UsageError
+
+    limit = int(ws.config.max_content_bytes)
+    # limit + 2: room for a final newline, then one byte too many to tell that it is too long
+    data = sys.stdin.buffer.read(limit + 2) if sys.stdin is not None else b""
+    if len(data) > limit + 1 or (len(data) == limit + 1 and not data.endswith(b"\n")):
+        raise UsageError(f"stdin holds more than max_content_bytes={limit} bytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"stdin is not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    return text[:-1] if text.endswith("\n") else text
+
+
+def beat(ws, who, piggyback: bool, status=None, task=None, ttl=None, note=None):
+    data = actions.beat(ws, who, status=status, task=task, ttl_s=ttl, note=note, piggyback=piggyback)
+    return data, lambda d: with_pending(
+        f"beat {d['heartbeat']['agent_id']} seq={d['heartbeat']['seq']} status={d['heartbeat']['status']}"
+        + (f" session={d['session_id']}" if d["registered"] else " (in no session)"), d)
+
+
+def signal(ws, who, piggyback: bool, to: str, content: str, type_="inform", sender_id=None, reply_to=None):
+    data = actions.signal(ws, who, to, content_arg(content, ws), type=type_, sender_id=sender_id,
+                          reply_to=reply_to, piggyback=piggyback)
+
+    def text(d):
+        s, aud = d["signal"], d["audience"]
+        waiting = ", ".join(f"{a} ({d['audience']['waiting_status'].get(a, 'waiting')})" for a in aud["waiting"])
+        lines = [f"sent {s['id'][:12]} (#{s['sequence']}, lamport {s['lamport']}) {s['sender']} -> {s['recipient']}",
+                 f"live: {', '.join(aud['live']) or 'nobody'}" + (f"; waiting for: {waiting}" if waiting else "")]
+        if not aud["live"]:
+            lines.append("note: no live recipient; the signal waits until one starts, beats or polls")
+        return with_pending(lines, d)
+
+    return data, text
+
+
+def signals_text(d: dict) -> list[str]:
+    lines = [signal_line(s) for s in d["signals"]] or ["no signals"]
+    if d.get("remaining"):
+        how = (f"`synapolis read-signals --after {d['next_after']}`" if d.get("next_after") is not None
+               else "`--after 0` pages through them all, oldest first")
+        lines.append(more_line(d["remaining"], "signals", how))
+    return lines
+
+
+def read_signals(ws, who, piggyback: bool, mode="unread", limit=None, after=None):
+    return actions.read_signals(ws, who, unread_only=mode != "all", limit=limit, after=after), signals_text
+
+
+def ack_signals(ws, who, piggyback: bool, ids=None, all_=False):
+    data = actions.ack_signals(ws, who, ids, all=all_, piggyback=piggyback)
+    return data, lambda d: with_pending(
+        f"acked {len(d['acked'])} signal(s)" + (": " + ", ".join(i[:12] for i in d["acked"]) if d["acked"] else ""), d)
+
+
+def signals_pending(ws, who, piggyback: bool, limit=None):
+    data = actions.signals_pending(ws, who, limit=limit)
+    return data, lambda d: with_pending([] if d["pending_signals"] else ["no pending signals"], d)
+
+
+def note(ws, who, piggyback: bool, text: str):
+    data = actions.note(ws, who, content_arg(text, ws), piggyback=piggyback)
+    return data, lambda d: with_pending(f"note #{d['note']['seq']} added", d)

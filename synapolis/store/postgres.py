@@ -1,0 +1,956 @@
+"""The PostgreSQL store (contract §12): one database shared by the state directories of many machines.
+
+Imported only when `store` is a postgresql:// URL, and it alone imports psycopg. One connection per
+process (a CLI call opens one; a long-lived process keeps it and reconnects after a failure), with
+`lock_timeout` and `statement_timeout` at busy_timeout_ms, so nothing waits forever.
+
+How the guarantees hold with many writers on several machines (docs/STORE.md has the reasoning):
+- Total order: every signal insert first takes a per-session advisory transaction lock, then draws
+  its `sequence`, and keeps the lock until it commits; so within a session sequence order is commit
+  order, and once a reader sees sequence N committed, every lower number of that session is
+  committed too (or rolled back for good).
+- Watermarks: a write transaction fixes its horizon (the highest committed sequence of the session)
+  before its first signal query and reads only up to it; a watermark never moves past the horizon,
+  so it never passes a number whose transaction has not committed yet.
+- Delivery: a drain takes a per-agent advisory lock without waiting (`pg_try_advisory_xact_lock`);
+  a second drain of the same agent at the same moment returns nothing rather than waiting or
+  delivering twice, and delivery rows commit with the transaction that returns the signals.
+- Consensus sleep: `tired` serialises its count on a per-session advisory lock.
+- Time: decisions that compare agents use the server's clock (`Store.now()`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from datetime import timezone
+
+from ..errors import BusyError, InternalError, NotFoundError, UsageError
+from . import base
+
+try:
+    import psycopg
+    from psycopg import errors as pg_errors
+    from psycopg.conninfo import conninfo_to_dict
+    from psycopg.rows import dict_row
+except ImportError:  # pragma: no cover - exercised by a test with the driver hidden
+    psycopg = None
+
+SCHEMA_VERSION = 5  # each version's script is idempotent: an upgrade runs the whole of it again
+CONNECT_TIMEOUT_S = 5  # libpq's connect_timeout; with busy_timeout_ms the bound of §12 (at most 10 s)
+NOTIFY_CHANNEL = "synapolis_signals"
+INSTALL_HINT = 'pip install "synapolis[postgres]"'
+
+_C = 'TEXT COLLATE "C"'  # ids and timestamps compare byte-wise, as on SQLite, whatever the database's locale
+
+# EP-0118 §3's five tables with their names, columns and CHECKs, each with a `session_id` and keys that
+# include it (the additions §12 allows), then our additions. Timestamps are the same fixed-width RFC 3339
+# text as on SQLite, written from the server's clock.
+SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS sessions
+(
+    session_id  {_C} PRIMARY KEY,
+    status      {_C} NOT NULL CHECK (status IN ('active', 'ended')),
+    created_at  {_C} NOT NULL,
+    ended_at    {_C},
+    reopened_at {_C}
+);
+
+CREATE TABLE IF NOT EXISTS agents
+(
+    session_id     {_C} NOT NULL REFERENCES sessions (session_id) ON DELETE CASCADE,
+    id             {_C} NOT NULL,
+    harness        {_C} NOT NULL,
+    substrate      {_C} NOT NULL,
+    status         {_C} NOT NULL CHECK (status IN ('active', 'idle', 'sleeping', 'stale')),
+    last_heartbeat {_C},
+    run_token      {_C} NOT NULL,
+    joined_at      {_C},
+    joined_seq     BIGINT NOT NULL DEFAULT 0,
+    lamport        BIGINT NOT NULL DEFAULT 0,
+    read_upto      BIGINT NOT NULL DEFAULT 0,
+    delivered_upto BIGINT NOT NULL DEFAULT 0,
+    started_at     {_C},
+    PRIMARY KEY (session_id, id)
+);
+
+CREATE TABLE IF NOT EXISTS signals
+(
+    session_id {_C} NOT NULL REFERENCES sessions (session_id) ON DELETE CASCADE,
+    id         {_C} NOT NULL,
+    sequence   BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    timestamp  {_C} NOT NULL,
+    sender     {_C} NOT NULL,
+    recipient  {_C} NOT NULL,
+    type       {_C} NOT NULL CHECK (type IN
+                                   ('inform', 'query', 'delegate', 'ack', 'warn', 'sleep_event', 'sleep_request')),
+    content    TEXT NOT NULL,
+    lamport    BIGINT NOT NULL DEFAULT 0,
+    reply_to   {_C},
+    UNIQUE (session_id, id)
+);
+
+CREATE TABLE IF NOT EXISTS signal_reads
+(
+    session_id {_C} NOT NULL,
+    signal_id  {_C} NOT NULL,
+    agent_id   {_C} NOT NULL,
+    read_at    {_C} NOT NULL,
+    PRIMARY KEY (session_id, signal_id, agent_id),
+    FOREIGN KEY (session_id, signal_id) REFERENCES signals (session_id, id) ON DELETE CASCADE,
+    FOREIGN KEY (session_id, agent_id) REFERENCES agents (session_id, id) ON DELETE CASCADE
+);
+
+CREATE TABLE IF NOT EXISTS session_state
+(
+    session_id {_C} NOT NULL REFERENCES sessions (session_id) ON DELETE CASCADE,
+    key        {_C} NOT NULL,
+    value      TEXT NOT NULL,
+    updated_by {_C} NOT NULL,
+    updated_at {_C} NOT NULL,
+    PRIMARY KEY (session_id, key)
+);
+
+CREATE TABLE IF NOT EXISTS staged_memories
+(
+    session_id  {_C} NOT NULL REFERENCES sessions (session_id) ON DELETE CASCADE,
+    id          {_C} NOT NULL,
+    agent_id    {_C} NOT NULL,
+    memory_data TEXT NOT NULL,
+    created_at  {_C} NOT NULL,
+    staged_seq  BIGINT GENERATED ALWAYS AS IDENTITY,
+    PRIMARY KEY (session_id, id)
+);
+
+CREATE TABLE IF NOT EXISTS signal_deliveries
+(
+    session_id      {_C} NOT NULL,
+    signal_id       {_C} NOT NULL,
+    agent_id        {_C} NOT NULL,
+    delivered_at    {_C} NOT NULL,
+    delivery_method {_C} NOT NULL CHECK (delivery_method IN
+                                         ('startup_drain', 'piggyback', 'poll', 'push', 'hook')),
+    offers          INTEGER NOT NULL DEFAULT 1,
+    last_offered_at {_C} NOT NULL,
+    PRIMARY KEY (session_id, signal_id, agent_id),
+    FOREIGN KEY (session_id, signal_id) REFERENCES signals (session_id, id) ON DELETE CASCADE
+);
+
+CREATE TABLE IF NOT EXISTS rate_buckets
+(
+    session_id {_C} NOT NULL,
+    agent_id   {_C} NOT NULL,
+    tokens     DOUBLE PRECISION NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (session_id, agent_id)
+);
+
+-- a copy of each agent's latest heartbeat document (the file on its own machine is written first)
+CREATE TABLE IF NOT EXISTS heartbeats
+(
+    agent_id    {_C} PRIMARY KEY,
+    host        {_C},
+    session_id  {_C},
+    doc         TEXT NOT NULL,
+    received_at {_C} NOT NULL
+);
+
+-- claims (contract §9): the record of each item ever claimed (its token is the high-water mark: the
+-- row is never deleted) and every event (claims.jsonl on SQLite)
+CREATE TABLE IF NOT EXISTS claims
+(
+    item       {_C} PRIMARY KEY,
+    token      BIGINT NOT NULL CHECK (token >= 1),
+    claimed_by {_C} NOT NULL,
+    expires_at {_C} NOT NULL,
+    released_at {_C},
+    record     TEXT NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS claim_events
+(
+    seq   BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    item  {_C} NOT NULL,
+    at    {_C} NOT NULL,
+    event TEXT NOT NULL
+);
+
+-- the notes bus of each session (sessions/<id>/notes.jsonl on SQLite)
+CREATE TABLE IF NOT EXISTS notes
+(
+    session_id {_C} NOT NULL REFERENCES sessions (session_id) ON DELETE CASCADE,
+    seq        BIGINT NOT NULL,
+    at         {_C} NOT NULL,
+    agent_id   {_C} NOT NULL,
+    text       TEXT NOT NULL,
+    PRIMARY KEY (session_id, seq)
+);
+
+-- the consolidated memories of every session (state/memory/ledger.jsonl on SQLite), one JSON line each
+CREATE TABLE IF NOT EXISTS memory_ledger
+(
+    seq        BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id         {_C},
+    session_id {_C},
+    merged_by  {_C},
+    merged_at  {_C},
+    line       TEXT NOT NULL
+);
+
+CREATE INDEX IF NOT EXISTS signals_by_session ON signals (session_id, sequence);
+CREATE INDEX IF NOT EXISTS signals_by_recipient ON signals (session_id, recipient, sequence);
+CREATE INDEX IF NOT EXISTS signals_by_sender ON signals (session_id, recipient, sender, sequence);
+CREATE INDEX IF NOT EXISTS signal_reads_by_agent ON signal_reads (session_id, agent_id, signal_id);
+CREATE INDEX IF NOT EXISTS deliveries_by_agent ON signal_deliveries (session_id, agent_id, delivery_method, offers);
+"""
+
+_COLS = "s.sequence, s.id, s.timestamp, s.sender, s.recipient, s.type, s.content, s.lamport, s.reply_to"
+_UNREAD = (" AND NOT EXISTS (SELECT 1 FROM signal_reads r WHERE r.session_id = s.session_id "
+           "AND r.signal_id = s.id AND r.agent_id = %s)")
+_UNDELIVERED = (" AND NOT EXISTS (SELECT 1 FROM signal_deliveries d WHERE d.session_id = s.session_id "
+                "AND d.signal_id = s.id AND d.agent_id = %s)")
+_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
+_TRY_LOCK = "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0)) AS got"
+
+
+def require_driver() -> None:
+    if psycopg is None:
+        raise UsageError(f"the store is a PostgreSQL URL, but the driver psycopg is not installed: {INSTALL_HINT}")
+
+
+def describe_url(url: str) -> str:
+    """The URL without its password: `postgresql://user@host:port/dbname` (what messages name)."""
+    try:
+        parts = conninfo_to_dict(url)
+    except Exception:  # noqa: BLE001 - a URL libpq cannot parse is named by its scheme only
+        return "postgresql://(unparsable URL)"
+    user = parts.get("user")
+    host = parts.get("host") or parts.get("hostaddr") or "localhost"
+    port = parts.get("port") or "5432"
+    return f"postgresql://{user + '@' if user else ''}{host}:{port}/{parts.get('dbname') or ''}"
+
+
+def _cause(exc: BaseException) -> str:
+    """The useful last line of a libpq error ("password authentication failed ...", "Connection refused")."""
+    text = str(exc).strip()
+    if "failed: " in text:
+        text = text.rsplit("failed: ", 1)[-1]
+    first = text.splitlines()[0] if text else type(exc).__name__
+    for prefix in ("FATAL:", "ERROR:"):
+        first = first.replace(prefix, "")
+    return " ".join(first.split()) or type(exc).__name__
+
+
+def _family(agent_id: str) -> tuple[str, str]:
+    return agent_id + ".", agent_id + "/"
+
+
+def _key(*parts: str) -> str:
+    return "synapolis." + ".".join(parts)
+
+
+class PostgresTransaction(base.Transaction):
+    """One transaction on one session's rows of the shared database."""
+
+    def __init__(self, cur, session_id: str, writing: bool):
+        self.cur = cur
+        self.session_id = session_id
+        self.writing = writing
+        self._horizon = None
+
+    def _all(self, sql, args=()):
+        self.cur.execute(sql, args)
+        return self.cur.fetchall()
+
+    def _one(self, sql, args=()):
+        self.cur.execute(sql, args)
+        return self.cur.fetchone()
+
+    # -- locking -----------------------------------------------------------------------------------
+    def exclusive(self, topic):
+        self.cur.execute(_LOCK, (_key(self.session_id, topic),))
+
+    def try_exclusive(self, topic):
+        return bool(self._one(_TRY_LOCK, (_key(self.session_id, topic),))["got"])
+
+    # -- the registry ------------------------------------------------------------------------------
+    def agent(self, agent_id):
+        return self._one("SELECT * FROM agents WHERE session_id = %s AND id = %s", (self.session_id, agent_id))
+
+    def agents(self, ids=None):
+        if ids is None:
+            return self._all("SELECT * FROM agents WHERE session_id = %s ORDER BY id", (self.session_id,))
+        return self._all("SELECT * FROM agents WHERE session_id = %s AND id = ANY(%s) ORDER BY id",
+                         (self.session_id, list(ids)))
+
+    def register_agent(self, agent_id, *, harness, substrate, stamp, run_token):
+        self.cur.execute("INSERT INTO agents (session_id, id, harness, substrate, status, last_heartbeat, run_token, "
+                         "joined_at, joined_seq, read_upto, delivered_upto, started_at) "
+                         "VALUES (%s, %s, %s, %s, 'active', %s, %s, %s, %s, 0, 0, %s)",
+                         (self.session_id, agent_id, harness, substrate, stamp, run_token, stamp,
+                          self.max_sequence(), stamp))
+
+    def restart_agent(self, agent_id, *, harness, substrate, stamp, run_token):
+        self.cur.execute("UPDATE agents SET harness = %s, substrate = %s, status = 'active', last_heartbeat = %s, "
+                         "run_token = %s, started_at = %s WHERE session_id = %s AND id = %s",
+                         (harness, substrate, stamp, run_token, stamp, self.session_id, agent_id))
+
+    def refresh_agent(self, agent_id, stamp, status):
+        self.cur.execute("UPDATE agents SET last_heartbeat = %s, status = %s WHERE session_id = %s AND id = %s",
+                         (stamp, status, self.session_id, agent_id))
+
+    def count_live(self, cutoff, exclude=None):
+        row = self._one("SELECT COUNT(*) AS n FROM agents WHERE session_id = %s AND status = 'active' "
+                        "AND last_heartbeat >= %s AND id IS DISTINCT FROM %s", (self.session_id, cutoff, exclude))
+        return int(row["n"])
+
+    def flag_stale(self, cutoff):
+        return self._all("UPDATE agents a SET status = 'stale' FROM agents b "
+                         "WHERE a.session_id = %s AND a.status IN ('active', 'idle') "
+                         "AND (a.last_heartbeat IS NULL OR a.last_heartbeat < %s) "
+                         "AND b.session_id = a.session_id AND b.id = a.id "
+                         "RETURNING a.id, b.status, a.last_heartbeat", (self.session_id, cutoff))
+
+    def raise_lamport(self, agent_id, value):
+        self.cur.execute("UPDATE agents SET lamport = %s WHERE session_id = %s AND id = %s AND lamport < %s",
+                         (value, self.session_id, agent_id, value))
+
+    def set_delivered_upto(self, agent_id, mark):
+        self.cur.execute("UPDATE agents SET delivered_upto = %s WHERE session_id = %s AND id = %s "
+                         "AND delivered_upto < %s", (mark, self.session_id, agent_id, mark))
+
+    def set_read_upto(self, agent_id, mark):
+        # GREATEST: two acks of one agent at once each move it only past what they saw read
+        self.cur.execute("UPDATE agents SET read_upto = GREATEST(read_upto, %s), "
+                         "delivered_upto = GREATEST(delivered_upto, %s) WHERE session_id = %s AND id = %s",
+                         (mark, mark, self.session_id, agent_id))
+
+    # -- signals -----------------------------------------------------------------------------------
+    def max_sequence(self):
+        """The horizon: fixed at the first signal query of the transaction. Inserts hold the session's
+        insert lock from drawing a number to committing, so every sequence up to it is committed."""
+        if self._horizon is None:
+            row = self._one("SELECT COALESCE(max(sequence), 0) AS m FROM signals WHERE session_id = %s",
+                            (self.session_id,))
+            self._horizon = int(row["m"])
+        return self._horizon
+
+    def max_lamport(self):
+        row = self._one("SELECT COALESCE(max(lamport), 0) AS m FROM signals WHERE session_id = %s",
+                        (self.session_id,))
+        return int(row["m"])
+
+    def insert_signal(self, signal):
+        # the session's insert lock first, held to commit, and only then the sequence: sequence order is
+        # commit order (see the module doc). One statement: the lock's row feeds the INSERT, so the lock
+        # is taken before nextval() runs.
+        row = self._one(
+            "WITH locked AS (SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))), "
+            "stored AS (INSERT INTO signals (session_id, id, timestamp, sender, recipient, type, content, lamport, "
+            "reply_to) SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s FROM locked "
+            # an id already stored is filtered out before nextval() runs, so it uses up no number
+            "WHERE NOT EXISTS (SELECT 1 FROM signals WHERE session_id = %s AND id = %s) "
+            "ON CONFLICT (session_id, id) DO NOTHING RETURNING sequence) "
+            "SELECT sequence, pg_notify(%s, %s) FROM stored",
+            (_key(self.session_id, "signals"), self.session_id, signal["id"], signal["timestamp"], signal["sender"],
+             signal["recipient"], signal["type"], signal["content"], signal["lamport"], signal["reply_to"],
+             self.session_id, signal["id"], NOTIFY_CHANNEL, self.session_id))
+        if row is None:
+            return None  # that id is stored already
+        sequence = int(row["sequence"])
+        if self._horizon is not None:
+            self._horizon = max(self._horizon, sequence)  # our own insert is ours to see
+        return sequence
+
+    def find_signals(self, ref, limit=100):
+        if len(ref) == 64:
+            return self._all(f"SELECT {_COLS} FROM signals s WHERE s.session_id = %s AND s.id = %s",
+                             (self.session_id, ref))
+        return self._all(f"SELECT {_COLS} FROM signals s WHERE s.session_id = %s AND s.id >= %s AND s.id < %s "
+                         "ORDER BY s.id LIMIT %s", (self.session_id, ref, ref + "g", limit))
+
+    def _visible_select(self, agent_id, bfloor, dfloor, unread, undelivered):
+        lo, hi = _family(agent_id)
+        top = self.max_sequence()
+        extra, extra_args = "", []
+        if unread:
+            extra, extra_args = extra + _UNREAD, extra_args + [agent_id]
+        if undelivered:
+            extra, extra_args = extra + _UNDELIVERED, extra_args + [agent_id]
+        branches = [
+            ("s.recipient = '*' AND s.sequence > %s AND s.sender <> %s AND NOT (s.sender > %s AND s.sender < %s)",
+             [bfloor, agent_id, lo, hi]),
+            ("s.recipient = %s AND s.sequence > %s", [agent_id, dfloor]),
+            ("s.recipient > %s AND s.recipient < %s AND s.sequence > %s", [lo, hi, dfloor]),
+        ]
+        sql, args = [], []
+        for where, params in branches:
+            sql.append(f"SELECT {_COLS} FROM signals s WHERE s.session_id = %s AND s.sequence <= %s AND {where}{extra}")
+            args += [self.session_id, top] + params + extra_args
+        return " UNION ALL ".join(f"({q})" for q in sql), args
+
+    def visible_signals(self, agent_id, bfloor, dfloor, *, unread=False, undelivered=False, newest_first=False,
+                        limit=None, reader_fields=False):
+        inner, args = self._visible_select(agent_id, bfloor, dfloor, unread, undelivered)
+        inner += f" ORDER BY sequence {'DESC' if newest_first else 'ASC'}"
+        if limit is not None:
+            inner += " LIMIT %s"
+            args.append(min(int(limit), 2 ** 63 - 1))
+        if not reader_fields:
+            rows = self._all(inner, args)
+            return rows[::-1] if newest_first else rows
+        sql = (f"SELECT v.*, r.read_at, d.delivered_at, d.delivery_method FROM ({inner}) v "
+               "LEFT JOIN signal_reads r ON r.session_id = %s AND r.signal_id = v.id AND r.agent_id = %s "
+               "LEFT JOIN signal_deliveries d ON d.session_id = %s AND d.signal_id = v.id AND d.agent_id = %s "
+               "ORDER BY v.sequence")
+        return self._all(sql, [*args, self.session_id, agent_id, self.session_id, agent_id])
+
+    def count_visible(self, agent_id, bfloor, dfloor, *, unread=False, undelivered=False, below=None, cap=1000):
+        inner, args = self._visible_select(agent_id, bfloor, dfloor, unread, undelivered)
+        where = ""
+        if below is not None:
+            where, args = " WHERE v.sequence < %s", [*args, below]
+        row = self._one(f"SELECT count(*) AS n FROM (SELECT 1 FROM ({inner}) v{where} LIMIT %s) c", [*args, cap])
+        return int(row["n"])
+
+    def first_visible_sequence(self, agent_id, bfloor, dfloor, *, unread=False, undelivered=False):
+        inner, args = self._visible_select(agent_id, bfloor, dfloor, unread, undelivered)
+        row = self._one(f"SELECT min(sequence) AS m FROM ({inner}) v", args)
+        return int(row["m"]) if row and row["m"] is not None else None
+
+    def latest_visible_sequence(self, agent_id):
+        inner, args = self._visible_select(agent_id, 0, 0, False, False)
+        row = self._one(f"SELECT max(sequence) AS m FROM ({inner}) v", args)
+        return int(row["m"]) if row and row["m"] is not None else 0
+
+    def hook_redeliveries(self, agent_id, max_offers, cutoff):
+        return self._all(
+            f"SELECT {_COLS}, d.offers FROM signal_deliveries d JOIN signals s "
+            "ON s.session_id = d.session_id AND s.id = d.signal_id "
+            "WHERE d.session_id = %s AND d.agent_id = %s AND d.delivery_method = 'hook' AND d.offers < %s "
+            "AND d.last_offered_at <= %s" + _UNREAD + " ORDER BY s.sequence",
+            (self.session_id, agent_id, max_offers, cutoff, agent_id))
+
+    def add_deliveries(self, agent_id, signal_ids, stamp, method):
+        self.cur.executemany("INSERT INTO signal_deliveries (session_id, signal_id, agent_id, delivered_at, "
+                             "delivery_method, offers, last_offered_at) VALUES (%s, %s, %s, %s, %s, 1, %s)",
+                             [(self.session_id, i, agent_id, stamp, method, stamp) for i in signal_ids])
+
+    def reoffer(self, agent_id, signal_ids, stamp):
+        self.cur.execute("UPDATE signal_deliveries SET offers = offers + 1, last_offered_at = %s "
+                         "WHERE session_id = %s AND agent_id = %s AND signal_id = ANY(%s)",
+                         (stamp, self.session_id, agent_id, list(signal_ids)))
+
+    def add_reads(self, agent_id, signal_ids, stamp):
+        self.cur.executemany("INSERT INTO signal_reads (session_id, signal_id, agent_id, read_at) "
+                             "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                             [(self.session_id, i, agent_id, stamp) for i in signal_ids])
+
+    # -- heartbeat copies ------------------------------------------------------------------------
+    def put_heartbeat(self, doc, stamp):
+        import json
+
+        self.cur.execute("INSERT INTO heartbeats (agent_id, host, session_id, doc, received_at) "
+                         "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (agent_id) DO UPDATE SET host = excluded.host, "
+                         "session_id = excluded.session_id, doc = excluded.doc, received_at = excluded.received_at",
+                         (doc["agent_id"], doc.get("host"), doc.get("session_id"),
+                          json.dumps(doc, ensure_ascii=False, separators=(",", ":")), stamp))
+
+    # -- the rate limit ----------------------------------------------------------------------------
+    def rate_bucket(self, agent_id):
+        # FOR UPDATE: two sends of one agent on two machines cannot both spend one token
+        return self._one("SELECT tokens, updated_at FROM rate_buckets WHERE session_id = %s AND agent_id = %s "
+                         "FOR UPDATE", (self.session_id, agent_id))
+
+    def set_rate_bucket(self, agent_id, tokens, updated_at):
+        self.cur.execute("INSERT INTO rate_buckets (session_id, agent_id, tokens, updated_at) VALUES (%s, %s, %s, %s) "
+                         "ON CONFLICT (session_id, agent_id) DO UPDATE SET tokens = excluded.tokens, "
+                         "updated_at = excluded.updated_at", (self.session_id, agent_id, tokens, updated_at))
+
+    # -- the whiteboard ----------------------------------------------------------------------------
+    def whiteboard_set(self, key, value, agent_id, stamp):
+        self.cur.execute("INSERT INTO session_state (session_id, key, value, updated_by, updated_at) "
+                         "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (session_id, key) DO UPDATE SET "
+                         "value = excluded.value, updated_by = excluded.updated_by, updated_at = excluded.updated_at",
+                         (self.session_id, key, value, agent_id, stamp))
+
+    def whiteboard_get(self, key):
+        return self._one("SELECT key, value, updated_by, updated_at FROM session_state "
+                         "WHERE session_id = %s AND key = %s", (self.session_id, key))
+
+    def whiteboard_all(self):
+        return self._all("SELECT key, value, updated_by, updated_at FROM session_state WHERE session_id = %s "
+                         "ORDER BY key", (self.session_id,))
+
+    # -- staged memories ---------------------------------------------------------------------------
+    def stage_memory(self, memory_id, agent_id, data, stamp):
+        return self._one("INSERT INTO staged_memories (session_id, id, agent_id, memory_data, created_at) "
+                         "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING 1 AS added",
+                         (self.session_id, memory_id, agent_id, data, stamp)) is not None
+
+    def staged_memories(self):
+        return self._all("SELECT id, agent_id, memory_data, created_at FROM staged_memories WHERE session_id = %s "
+                         "ORDER BY created_at, staged_seq", (self.session_id,))
+
+    def unstage(self, memory_ids):
+        self.cur.execute("DELETE FROM staged_memories WHERE session_id = %s AND id = ANY(%s)",
+                         (self.session_id, list(memory_ids)))
+
+    def count_staged(self):
+        return int(self._one("SELECT COUNT(*) AS n FROM staged_memories WHERE session_id = %s",
+                             (self.session_id,))["n"])
+
+
+class ClaimSlot:
+    """One item's claim inside a transaction holding the item's advisory lock (see claims.FileSlot)."""
+
+    def __init__(self, cur, item: str, row):
+        import json
+
+        from ..claims import _is_record
+
+        self.cur, self.item = cur, item
+        self.existed = row is not None
+        self.record = None
+        self._token = 0
+        if row is not None:
+            with contextlib.suppress(ValueError):
+                doc = json.loads(row["record"])
+                self.record = doc if _is_record(doc, item) else None
+
+    def high_water(self) -> int:
+        self.cur.execute("SELECT GREATEST((SELECT token FROM claims WHERE item = %s), "
+                         "(SELECT max((event::json->>'token')::bigint) FROM claim_events WHERE item = %s)) AS top",
+                         (self.item, self.item))
+        row = self.cur.fetchone()
+        return int(row["top"] or 0)
+
+    def settle(self) -> None:
+        """Nothing to repair: the claim row and its event commit in one transaction."""
+
+    def write(self, record: dict, event: dict) -> None:
+        import json
+
+        dump = json.dumps(record, ensure_ascii=False, separators=(",", ":"))
+        self.cur.execute("INSERT INTO claims (item, token, claimed_by, expires_at, released_at, record) "
+                         "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (item) DO UPDATE SET token = excluded.token, "
+                         "claimed_by = excluded.claimed_by, expires_at = excluded.expires_at, "
+                         "released_at = excluded.released_at, record = excluded.record",
+                         (record["item"], record["token"], record["claimed_by"], record["expires_at"],
+                          record.get("released_at"), dump))
+        self.cur.execute("INSERT INTO claim_events (item, at, event) VALUES (%s, %s, %s)",
+                         (record["item"], event["at"], json.dumps(event, ensure_ascii=False, separators=(",", ":"))))
+
+
+class PostgresSessionStore(base.SessionStore):
+    """One session's rows in the shared database, through the process's connection."""
+
+    def __init__(self, backend: "PostgresStore", session_id: str):
+        self.backend = backend
+        self.session_id = session_id
+        self.busy_timeout_ms = backend.busy_timeout_ms
+
+    @contextlib.contextmanager
+    def write(self):
+        with self.backend.transaction("BEGIN") as cur:
+            yield PostgresTransaction(cur, self.session_id, True)
+
+    @contextlib.contextmanager
+    def read(self):
+        # one snapshot for every query of the body
+        with self.backend.transaction("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY") as cur:
+            yield PostgresTransaction(cur, self.session_id, False)
+
+    def close(self) -> None:
+        """The connection belongs to the process's store; nothing to give back."""
+
+
+class PostgresStore(base.Store):
+    """The shared database named by a postgresql:// URL; one connection per process, made on first use."""
+
+    kind = "postgresql"
+
+    def __init__(self, ws, url: str):
+        require_driver()
+        self.ws = ws
+        self.url = url
+        self.where = describe_url(url)
+        self.busy_timeout_ms = int(ws.config.busy_timeout_ms)
+        self._lock = threading.RLock()
+        self._conn = None
+        self._server_now = None  # the server's clock as read while connecting: the first `now()` is free
+
+    # -- connections and errors --------------------------------------------------------------------
+    def _connect(self):
+        timeout = self.busy_timeout_ms
+        try:
+            conn = psycopg.connect(self.url, autocommit=True, row_factory=dict_row,
+                                   connect_timeout=CONNECT_TIMEOUT_S, application_name="synapolis",
+                                   options=f"-c lock_timeout={timeout} -c statement_timeout={timeout} "
+                                           "-c idle_in_transaction_session_timeout=60000 -c TimeZone=UTC")
+        except psycopg.Error as exc:
+            raise self._unreachable(exc) from None
+        except UsageError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - e.g. a URL libpq cannot parse
+            raise UsageError(f"store {self.where}: {self._scrub(str(exc))}") from None
+        try:
+            self._ensure_schema(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _scrub(self, text: str) -> str:
+        try:
+            password = conninfo_to_dict(self.url).get("password")
+        except Exception:  # noqa: BLE001
+            password = None
+        return text.replace(password, "***") if password else text
+
+    def _unreachable(self, exc) -> BusyError:
+        return BusyError(f"store {self.where} cannot be reached: {self._scrub(_cause(exc))}")
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+    def _translate(self, exc) -> Exception:
+        """A psycopg error as a synapolis one; a connection that may be broken is dropped (the next call
+        reconnects)."""
+        if isinstance(exc, (pg_errors.LockNotAvailable, pg_errors.QueryCanceled, pg_errors.DeadlockDetected,
+                            pg_errors.SerializationFailure)):
+            return BusyError(f"store {self.where} stayed locked past busy_timeout_ms={self.busy_timeout_ms}: "
+                             f"{self._scrub(_cause(exc))}")
+        if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
+            self._drop()
+            return BusyError(f"store {self.where} failed: {self._scrub(_cause(exc))}")
+        if isinstance(exc, psycopg.IntegrityError):
+            return InternalError(f"store {self.where}: {self._scrub(_cause(exc))}")
+        return InternalError(f"store {self.where}: {self._scrub(_cause(exc))}")
+
+    def connection(self):
+        if self._conn is None or self._conn.closed:
+            self._conn = self._connect()
+        return self._conn
+
+    @contextlib.contextmanager
+    def transaction(self, begin: str = "BEGIN"):
+        """A transaction on the process's connection (serialised between threads): committed on success,
+        rolled back on any error; psycopg errors become BusyError / InternalError.
+
+        (libpq's pipeline mode was measured: on a local server its client-side cost outweighs the round
+        trips it saves, benchmarks/RESULTS.md; statements that belong together are fused instead.)
+        """
+        with self._lock:
+            conn = self.connection()
+            try:
+                cur = conn.cursor()
+                cur.execute(begin)
+                yield cur
+                cur.execute("COMMIT")
+            except psycopg.Error as exc:
+                self._rollback(conn)
+                raise self._translate(exc) from None
+            except BaseException:
+                self._rollback(conn)
+                raise
+
+    def _rollback(self, conn) -> None:
+        if conn.closed:
+            return
+        try:
+            conn.execute("ROLLBACK")
+        except Exception:  # noqa: BLE001 - a connection that cannot even roll back is not reused
+            self._drop()
+
+    def _ensure_schema(self, conn) -> None:
+        """Create or upgrade the schema once; two machines doing it at once wait on one advisory lock."""
+        try:
+            row = conn.execute("SELECT version, clock_timestamp() AS now FROM synapolis_schema").fetchone()
+        except pg_errors.UndefinedTable:
+            row = None
+        except psycopg.Error as exc:
+            raise self._translate(exc) from None
+        if row is not None and row["version"] >= SCHEMA_VERSION:
+            self._server_now = row["now"]
+            return
+        try:
+            with conn.transaction():
+                conn.execute(_LOCK, (_key("schema"),))
+                conn.execute("CREATE TABLE IF NOT EXISTS synapolis_schema (id INTEGER PRIMARY KEY CHECK (id = 1), "
+                             "version INTEGER NOT NULL, created_at TIMESTAMPTZ NOT NULL DEFAULT now(), "
+                             "upgraded_at TIMESTAMPTZ NOT NULL DEFAULT now())")
+                found = conn.execute("SELECT version FROM synapolis_schema").fetchone()
+                if found is None or found["version"] < SCHEMA_VERSION:
+                    conn.execute(SCHEMA)
+                    conn.execute("INSERT INTO synapolis_schema (id, version) VALUES (1, %s) ON CONFLICT (id) "
+                                 "DO UPDATE SET version = excluded.version, upgraded_at = now()", (SCHEMA_VERSION,))
+        except psycopg.Error as exc:
+            raise self._translate(exc) from None
+
+    def schema_version(self) -> int:
+        with self.transaction() as cur:
+            cur.execute("SELECT version FROM synapolis_schema")
+            return int(cur.fetchone()["version"])
+
+    def now(self):
+        with self._lock:
+            conn = self.connection()
+            if self._server_now is not None:
+                moment, self._server_now = self._server_now, None
+            else:
+                try:
+                    moment = conn.execute("SELECT clock_timestamp() AS now").fetchone()["now"]
+                except psycopg.Error as exc:
+                    raise self._translate(exc) from None
+        return moment.astimezone(timezone.utc)
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+    # -- sessions ----------------------------------------------------------------------------------
+    def _session_row(self, cur, session_id):
+        cur.execute("SELECT session_id, status, created_at, ended_at, reopened_at FROM sessions "
+                    "WHERE session_id = %s", (session_id,))
+        return cur.fetchone()
+
+    @staticmethod
+    def _document(row) -> dict:
+        doc = {k: row[k] for k in ("session_id", "status", "created_at", "ended_at")}
+        if row.get("reopened_at"):
+            doc["reopened_at"] = row["reopened_at"]
+        return doc
+
+    def open_session(self, session_id: str, create: bool = False) -> PostgresSessionStore:
+        if create:
+            self.create_session(session_id, _stamp(self))
+        elif not self.session_exists(session_id):
+            raise NotFoundError(f"unknown session {session_id!r} in store {self.where}")
+        return PostgresSessionStore(self, session_id)
+
+    def session_exists(self, session_id: str) -> bool:
+        with self.transaction() as cur:
+            return self._session_row(cur, session_id) is not None
+
+    def create_session(self, session_id: str, created_at: str) -> bool:
+        with self.transaction() as cur:
+            cur.execute("INSERT INTO sessions (session_id, status, created_at) VALUES (%s, 'active', %s) "
+                        "ON CONFLICT DO NOTHING RETURNING 1 AS created", (session_id, created_at))
+            return cur.fetchone() is not None
+
+    def read_session(self, session_id: str) -> dict:
+        with self.transaction() as cur:
+            row = self._session_row(cur, session_id)
+        if row is None:
+            raise NotFoundError(f"unknown session {session_id!r}")
+        return self._document(row)
+
+    def list_sessions(self) -> list[dict]:
+        with self.transaction() as cur:
+            cur.execute("SELECT session_id, status, created_at, ended_at, reopened_at FROM sessions "
+                        "ORDER BY session_id")
+            return [self._document(r) for r in cur.fetchall()]
+
+    def set_session_status(self, session_id: str, status: str, stamp: str) -> dict:
+        with self.transaction() as cur:
+            if status == "ended":
+                cur.execute("UPDATE sessions SET status = 'ended', ended_at = %s WHERE session_id = %s "
+                            "RETURNING *", (stamp, session_id))
+            else:
+                cur.execute("UPDATE sessions SET status = %s, ended_at = NULL, reopened_at = %s "
+                            "WHERE session_id = %s RETURNING *", (status, stamp, session_id))
+            row = cur.fetchone()
+        if row is None:
+            raise NotFoundError(f"unknown session {session_id!r}")
+        return self._document(row)
+
+    def heartbeat_copies(self):
+        import json
+
+        with self.transaction() as cur:
+            cur.execute("SELECT doc, received_at FROM heartbeats ORDER BY agent_id")
+            rows = cur.fetchall()
+        copies = []
+        for row in rows:
+            with contextlib.suppress(ValueError):
+                doc = json.loads(row["doc"])
+                if isinstance(doc, dict):
+                    copies.append({**doc, "received_at": row["received_at"]})
+        return copies
+
+    def heartbeat_copy(self, agent_id):
+        import json
+
+        with self.transaction() as cur:
+            cur.execute("SELECT doc, received_at FROM heartbeats WHERE agent_id = %s", (agent_id,))
+            row = cur.fetchone()
+        if row is None:
+            return None
+        try:
+            doc = json.loads(row["doc"])
+        except ValueError:
+            return None
+        return {**doc, "received_at": row["received_at"]} if isinstance(doc, dict) else None
+
+    # -- claims --------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def claim_slot(self, item):
+        """The item's advisory lock for one transaction: one winner per item across every machine, and
+        the token drawn from the row, which is never deleted, so it never goes back."""
+        with self.transaction() as cur:
+            cur.execute(_LOCK, (_key("claim", item),))
+            cur.execute("SELECT record FROM claims WHERE item = %s", (item,))
+            row = cur.fetchone()
+            yield ClaimSlot(cur, item, row)
+
+    def claim_document(self, item):
+        with self.transaction("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY") as cur:
+            cur.execute("SELECT record FROM claims WHERE item = %s", (item,))
+            row = cur.fetchone()
+        slot = ClaimSlot(None, item, row)
+        return slot.record, slot.existed
+
+    def claim_documents(self):
+        import json
+
+        with self.transaction("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY") as cur:
+            cur.execute("SELECT item, record FROM claims ORDER BY item")
+            rows = cur.fetchall()
+        out = []
+        for row in rows:
+            try:
+                out.append((json.loads(row["record"]), row["item"], "does not look like a claim record"))
+            except ValueError as exc:
+                out.append((None, row["item"], str(exc)))
+        return out
+
+    # -- the notes bus -----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def note_appender(self, session_id):
+        from ..board import check_note
+        from ..timeutil import format_ts
+
+        def add(tx, agent_id, text, now):
+            check_note(text, self.ws.config)
+            tx.exclusive("notes")  # seq = the last + 1, one appender at a time; in the verb's transaction
+            tx.cur.execute("INSERT INTO notes (session_id, seq, at, agent_id, text) SELECT %s, "
+                           "COALESCE(max(seq), 0) + 1, %s, %s, %s FROM notes WHERE session_id = %s RETURNING seq",
+                           (session_id, format_ts(now, micro=True), agent_id, text, session_id))
+            seq = int(tx.cur.fetchone()["seq"])
+            tx.cur.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, session_id))
+            return {"seq": seq, "at": format_ts(now, micro=True), "agent_id": agent_id, "text": text}
+
+        yield add
+
+    def read_notes(self, session_id, limit):
+        with self.transaction() as cur:
+            cur.execute("SELECT seq, at, agent_id, text FROM (SELECT * FROM notes WHERE session_id = %s "
+                        "ORDER BY seq DESC LIMIT %s) n ORDER BY seq", (session_id, int(limit)))
+            return [dict(r) for r in cur.fetchall()]
+
+    def notes_version(self, session_id):
+        with self.transaction() as cur:
+            cur.execute("SELECT COALESCE(max(seq), 0) AS v FROM notes WHERE session_id = %s", (session_id,))
+            return int(cur.fetchone()["v"])
+
+    # -- the memory ledger -------------------------------------------------------------------------
+    def append_ledger(self, tx, merged, *, session_id, merged_by, reader=None):
+        """In the consolidating transaction itself: the lines and the cleared staging commit together."""
+        import json
+
+        from ..names import validate_agent_id
+        from ..sleep import LedgerHoldings
+
+        validate_agent_id(merged_by)
+        stamped = [{**line, "session_id": session_id, "merged_by": merged_by} for line in merged]
+        tx.cur.execute(_LOCK, (_key("ledger"),))  # one consolidation at a time reads and extends it
+        tx.cur.execute("SELECT line FROM memory_ledger ORDER BY seq")
+        holdings = LedgerHoldings()
+        for row in tx.cur.fetchall():
+            with contextlib.suppress(ValueError):
+                line = json.loads(row["line"])
+                if isinstance(line, dict):
+                    holdings.add(line)
+        fresh, held = holdings.split(stamped)
+        if fresh:
+            tx.cur.executemany("INSERT INTO memory_ledger (id, session_id, merged_by, merged_at, line) "
+                               "VALUES (%s, %s, %s, %s, %s)",
+                               [(line.get("id"), session_id, merged_by, line.get("merged_at"),
+                                 json.dumps(line, ensure_ascii=False, separators=(",", ":"))) for line in fresh])
+        return fresh, held
+
+    def read_ledger(self):
+        import json
+
+        with self.transaction() as cur:
+            cur.execute("SELECT line FROM memory_ledger ORDER BY seq")
+            rows = cur.fetchall()
+        lines = []
+        for row in rows:
+            with contextlib.suppress(ValueError):
+                line = json.loads(row["line"])
+                if isinstance(line, dict):
+                    lines.append(line)
+        return lines
+
+    def ledger_location(self):
+        return f"{self.where} (table memory_ledger)"
+
+    # -- across machines ---------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def exclusive_pass(self, name: str, lock_path):
+        """One pass of `name` at a time across every machine: a session-level advisory lock on a
+        connection of its own, held for the pass (and the local file lock too)."""
+        from ..atomic import locked
+
+        with locked(lock_path, blocking=False) as got_local:
+            if not got_local:
+                yield False
+                return
+            conn = self._connect()
+            try:
+                got = bool(conn.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0)) AS got",
+                                        (_key("pass", name),)).fetchone()["got"])
+                yield got
+            finally:
+                conn.close()  # the lock goes with the connection
+
+    def listen(self, on_change, stop: threading.Event, retry_s: float = 1.0) -> threading.Thread:
+        """Call `on_change(session_id)` for every signal stored on any machine (LISTEN/NOTIFY), and
+        `on_change(None)` ("re-check everything") after each (re)connection, since notifications sent
+        while disconnected are lost. Runs on a daemon thread until `stop` is set."""
+
+        def run():
+            while not stop.is_set():
+                try:
+                    conn = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
+                                           application_name="synapolis-listen")
+                except Exception:  # noqa: BLE001 - unreachable: try again shortly
+                    stop.wait(retry_s)
+                    continue
+                try:
+                    conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    on_change(None)
+                    while not stop.is_set():
+                        for note in conn.notifies(timeout=0.5, stop_after=64):
+                            on_change(note.payload)
+                except Exception:  # noqa: BLE001 - a dropped connection: reconnect and re-check
+                    pass
+                finally:
+                    with contextlib.suppress(Exception):
+                        conn.close()
+                stop.wait(retry_s)
+
+        thread = threading.Thread(target=run, name="synapolis-pg-listen", daemon=True)
+        thread.start()
+        return thread
+
+
+def _stamp(store) -> str:
+    from ..timeutil import format_ts
+
+    return format_ts(store.now())

@@ -1,0 +1,117 @@
+"""The hot verbs' click-free path (synapolis.cli.fast) answers exactly as click's does: the same stdout,
+stderr and exit code for the same call on the same state, and anything it does not parse itself (help,
+typos, bad values) goes to click. Each call runs twice, as real processes on two identical copies of one
+state directory: once through `python -m synapolis` (which takes the fast path when it can), once
+through click's own entry point."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from synapolis import actions
+from synapolis.cli import fast
+from synapolis.identity import Who
+from synapolis.workspace import Workspace
+
+from conftest import _cli_env
+
+CLICK = "import sys; from synapolis.cli import _click_main; _click_main(sys.argv[1:])"
+# what differs between two runs of one call: the clock (timestamps and what is derived from them)
+_STAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
+_HEX = re.compile(r"\b[0-9a-f]{12}(?:[0-9a-f]{52})?\b")
+_PID = re.compile(r'"pid": \d+')
+
+
+def _norm(text: str) -> str:
+    return _PID.sub('"pid": 0', _HEX.sub("<id>", _STAMP.sub("<at>", text)))
+
+
+@pytest.fixture
+def twins(tmp_path):
+    """Two identical state directories with alice and bob in one session, two signals and a note for bob."""
+    first = tmp_path / "fast"
+    ws = Workspace.open(first).ensure()
+    sid = actions.start(ws, agent_id="alice", env={}, write_identity=False)["session_id"]
+    actions.start(ws, agent_id="bob", session_id=sid, env={}, write_identity=False)
+    for text in ("one", "two \x1b[2J"):
+        actions.signal(ws, Who("alice", sid), "bob", text, env={})
+    actions.note(ws, Who("alice", sid), "a note", env={})
+    shutil.copytree(first, tmp_path / "click")
+    return tmp_path / "fast", tmp_path / "click"
+
+
+def both(twins, *args, stdin=None):
+    """(fast run, click run) of `synapolis --state-dir <twin> ARGS`."""
+    runs = []
+    for state, cmd in zip(twins, ([sys.executable, "-m", "synapolis"], [sys.executable, "-c", CLICK])):
+        runs.append(subprocess.run([*cmd, "--state-dir", str(state), *map(str, args)], input=stdin,
+                                   capture_output=True, text=True, timeout=60, env=_cli_env()))
+    return runs
+
+
+SAME = [
+    ["beat", "--agent-id", "bob", "--task", "t", "--json"],
+    ["beat", "--agent-id", "bob", "--status=idle", "--ttl", "90", "--note", "n"],
+    ["beat", "--agent-id", "nobody"],
+    ["beat", "--agent-id", "bob", "--run-token", "wrong", "--json"],
+    ["beat", "--agent-id", "bob", "--status", "bad"],
+    ["beat", "--agent-id", "bob", "--ttl", "soon", "--json"],
+    ["beat", "--agent-id"],
+    ["beat", "--help"],
+    ["signal", "bob", "hello", "--agent-id", "alice", "--type", "query", "--json"],
+    ["signal", "--agent-id", "alice", "bob", "hello"],
+    ["signal", "nobody", "x", "--agent-id", "alice"],
+    ["signal", "nobody", "x", "--agent-id", "alice", "--json"],
+    ["signal", "bob", "--agent-id", "alice"],
+    ["signal", "bob", "-5", "--agent-id", "alice"],
+    ["signal", "bob", "x", "--agent-id", "alice", "--sender-id", "carol"],
+    ["read-signals", "--agent-id", "bob"],
+    ["read-signals", "--agent-id", "bob", "--all", "--limit", "1", "--json"],
+    ["read-signals", "--agent-id", "bob", "--after", "0", "--limit", "1"],
+    ["read-signals", "--agent-id", "bob", "--after", "-1"],
+    ["read-signals", "--agent-id", "bob", "--limit", "0", "--json"],
+    ["read-signals", "--agent-id", "bob", "--all", "--unread-only"],
+    ["signals-pending", "--agent-id", "bob", "--limit", "1"],
+    ["signals-pending", "--agent-id", "bob", "--no-piggyback", "--json"],
+    ["ack-signals", "--agent-id", "bob", "--all", "--json"],
+    ["ack-signals", "--agent-id", "bob"],
+    ["ack-signals", "0000000000", "--agent-id", "bob", "--json"],
+    ["note", "hello there", "--agent-id", "bob"],
+    ["note", "--agent-id", "bob", "--json"],
+    ["note", "x", "--agent-id", "bob", "--agent-id", "alice"],
+]
+
+
+@pytest.mark.parametrize("args", SAME, ids=" ".join)
+def test_fast_and_click_give_the_same_answer(twins, args):
+    quick, slow = both(twins, *args)
+    assert quick.returncode == slow.returncode, (quick.stderr, slow.stderr)
+    assert _norm(quick.stdout) == _norm(slow.stdout)
+    assert _norm(quick.stderr) == _norm(slow.stderr)
+    assert "Traceback" not in quick.stderr + slow.stderr
+
+
+def test_content_from_stdin_is_the_same_both_ways(twins):
+    quick, slow = both(twins, "signal", "bob", "-", "--agent-id", "alice", "--json", stdin="from stdin\n")
+    assert quick.returncode == slow.returncode == 0
+    assert _norm(quick.stdout) == _norm(slow.stdout) and '"content": "from stdin"' in quick.stdout
+    quick, slow = both(twins, "note", "-", "--agent-id", "alice", stdin=b"\xff".decode("latin-1"))
+    assert quick.returncode == slow.returncode
+
+
+def test_parse_takes_only_the_plain_forms():
+    assert fast.parse(["beat", "--agent-id", "a"]) == (None, "beat", {"agent_id": "a"})
+    assert fast.parse(["--state-dir=/x", "read-signals", "--all", "--limit=3"]) == \
+        ("/x", "read-signals", {"mode": "all", "limit": 3})
+    assert fast.parse(["signal", "b", "-", "--type", "ack"]) == \
+        (None, "signal", {"to": "b", "content": "-", "type_": "ack"})
+    for args in (["beat", "--help"], ["beat", "-h"], ["beat", "--status", "nope"], ["beat", "--ttl"],
+                 ["signal", "b"], ["signal", "b", "c", "d"], ["signal", "b", "--", "-x"], ["monitor"],
+                 ["read-signals", "--follow"], ["beat", "--json=1"], ["beat", "--task", "a", "--task", "b"],
+                 ["--state-dir", "", "beat"], ["--version"], []):
+        assert fast.parse(args) is None, args

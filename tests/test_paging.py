@@ -1,0 +1,220 @@
+"""Bounded answers (issue 15, issue 11 item 7): every answer that carries signals or notes is a page, with
+a count of what is left and a cursor; what is marked delivered is exactly what an answer holds; the inbox
+query uses the recipient index whatever the session holds; text for a terminal is sanitised."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import NOW
+
+from synapolis import actions, signals
+from synapolis.identity import Who
+from synapolis.store import SessionStore
+
+BOB = Who("bob")
+
+
+def delivered(db_rows, sid, agent="bob"):
+    return {r["signal_id"]: r["delivery_method"] for r in db_rows(
+        sid, "SELECT signal_id, delivery_method FROM signal_deliveries WHERE agent_id = ?", agent)}
+
+
+def test_piggyback_is_a_small_page_and_marks_exactly_what_it_carries(backlog, db_rows):
+    ws, sid = backlog(250)
+    answer = actions.beat(ws, Who("bob", sid), env={}, now=NOW)
+    assert len(answer["pending_signals"]) == signals.PIGGYBACK_LIMIT
+    assert answer["pending_remaining"] == 250 - signals.PIGGYBACK_LIMIT
+    assert delivered(db_rows, sid) == {s["id"]: "piggyback" for s in answer["pending_signals"]}
+
+
+def test_signals_pending_pages_through_a_backlog_exactly_once(backlog, db_rows):
+    total = 2 * signals.PAGE_LIMIT + 50
+    ws, sid = backlog(total)
+    seen, lefts = [], []
+    while True:
+        answer = actions.signals_pending(ws, Who("bob", sid), env={}, now=NOW)
+        if not answer["pending_signals"]:
+            break
+        seen += [s["content"] for s in answer["pending_signals"]]
+        lefts.append(answer["pending_remaining"])
+    assert seen == [f"signal {i}" for i in range(total)]  # each once, oldest first
+    assert lefts == [signals.PAGE_LIMIT + 50, 50, 0]
+    assert set(delivered(db_rows, sid).values()) == {"poll"} and len(delivered(db_rows, sid)) == total
+
+
+def test_read_signals_pages_with_after_and_counts_what_is_left(backlog, db_rows):
+    ws, sid = backlog(signals.PAGE_LIMIT + 150)
+    first = actions.read_signals(ws, Who("bob", sid), env={}, now=NOW)
+    assert len(first["signals"]) == signals.PAGE_LIMIT and first["remaining"] == 150
+    assert first["next_after"] == first["signals"][-1]["sequence"]
+    got, after = [], None
+    while True:
+        page = actions.read_signals(ws, Who("bob", sid), limit=70, after=after, env={}, now=NOW)
+        got += [s["content"] for s in page["signals"]]
+        if page["next_after"] is None:
+            assert page["remaining"] == 0
+            break
+        after = page["next_after"]
+    assert got == [f"signal {i}" for i in range(signals.PAGE_LIMIT + 150)]
+    assert delivered(db_rows, sid) == {}  # a pure query marks nothing
+
+
+def test_read_signals_all_is_the_newest_page_and_after_zero_pages_from_the_oldest(backlog):
+    ws, sid = backlog(30)
+    newest = actions.read_signals(ws, Who("bob", sid), unread_only=False, limit=10, env={}, now=NOW)
+    assert [s["content"] for s in newest["signals"]] == [f"signal {i}" for i in range(20, 30)]
+    assert newest["remaining"] == 20 and newest["next_after"] is None
+    oldest = actions.read_signals(ws, Who("bob", sid), unread_only=False, limit=10, after=0, env={}, now=NOW)
+    assert [s["content"] for s in oldest["signals"]] == [f"signal {i}" for i in range(10)]
+    assert oldest["remaining"] == 20 and oldest["next_after"] == oldest["signals"][-1]["sequence"]
+
+
+def test_the_count_of_what_is_left_stops_at_the_cap(backlog):
+    ws, sid = backlog(signals.COUNT_CAP + 150)
+    page = actions.read_signals(ws, Who("bob", sid), limit=10, env={}, now=NOW)
+    assert page["remaining"] == signals.COUNT_CAP
+    pending = actions.signals_pending(ws, Who("bob", sid), limit=10, env={}, now=NOW)
+    assert pending["pending_remaining"] == signals.COUNT_CAP
+
+
+def test_big_signals_fill_a_page_by_size_and_one_always_fits(backlog):
+    ws, sid = backlog(5, content=lambda i: f"{i}" + "x" * 60000)
+    page = actions.read_signals(ws, Who("bob", sid), env={}, now=NOW)
+    assert len(page["signals"]) == 1 and page["remaining"] == 4  # two would pass the 64 KB budget
+    assert len(json.dumps(page)) < 128 * 1024
+    # escaped content counts as what it costs in JSON: 20,000 control characters are 120,000 characters
+    last = actions.read_signals(ws, Who("bob", sid), unread_only=False, env={}, now=NOW)["latest_sequence"]
+    with SessionStore.open(ws, sid) as store, store.write() as conn:
+        for i in range(3):
+            signals.send(conn, caller="alice", recipient="bob.sub", content=f"{i}" + "\x01" * 20000,
+                         config=ws.config, now=NOW, rate_limited=False)
+    page = actions.read_signals(ws, Who("bob", sid), after=last, env={}, now=NOW)
+    assert len(page["signals"]) == 1 and page["remaining"] == 2
+
+
+def test_inbox_resource_marks_exactly_the_page_it_returns(backlog, db_rows):
+    ws, sid = backlog(signals.PAGE_LIMIT + 55)
+    early = actions.signals_pending(ws, Who("bob", sid), limit=5, env={}, now=NOW)["pending_signals"]
+    page = actions.inbox(ws, Who("bob", sid), sid, "bob", env={}, now=NOW)
+    assert len(page["signals"]) == signals.PAGE_LIMIT and page["remaining"] == 55
+    marks = delivered(db_rows, sid)
+    assert {s["id"] for s in early} <= set(marks) and all(marks[s["id"]] == "poll" for s in early)
+    assert set(marks) == {s["id"] for s in page["signals"]}
+    assert all(s["delivered_at"] for s in page["signals"])
+    # the rest is still undelivered: the next drain starts right after the page
+    rest = actions.signals_pending(ws, Who("bob", sid), env={}, now=NOW)["pending_signals"]
+    assert [s["content"] for s in rest] == [f"signal {i}" for i in range(signals.PAGE_LIMIT,
+                                                                          signals.PAGE_LIMIT + 55)]
+
+
+def test_inbox_query_uses_the_recipient_index_for_sub_agents(backlog):
+    """The plan of a page: every branch a SEARCH of signals_by_recipient, never a walk of the table."""
+    ws, sid = backlog(50, to="alice")  # signals to somebody else
+    with SessionStore.open(ws, sid) as store, store.write() as conn:
+        for to in ("bob.x", "bob.y.z"):
+            signals.send(conn, caller="alice", recipient=to, content="hi", config=ws.config, now=NOW,
+                         rate_limited=False)
+        inner, args = conn._visible_select("bob", 0, 0, True, False)  # the SQLite store's inbox query
+        plan = [r[3] for r in conn.conn.execute(f"EXPLAIN QUERY PLAN {inner} ORDER BY sequence LIMIT 21", args)]
+        found = signals.page(conn, "bob", limit=20)
+    searches = [p for p in plan if p.startswith(("SEARCH s", "SCAN s"))]
+    assert len(searches) == 4, plan  # broadcasts, bob, bob.x, bob.y.z
+    assert all("USING INDEX signals_by_recipient" in p and "rowid" not in p for p in searches), plan
+    assert [s["recipient"] for s in found["signals"]] == ["bob.x", "bob.y.z"]
+
+
+def test_read_notes_pages_back_with_before_and_a_budget(ws, start_agent):
+    sid = start_agent("alice")["session_id"]
+    for i in range(1, 121):
+        actions.note(ws, Who("alice", sid), f"note {i}", env={}, now=NOW)
+    page = actions.read_notes(ws, Who("alice", sid), env={}, now=NOW)
+    assert [n["seq"] for n in page["notes"]] == list(range(71, 121))
+    assert page["remaining"] == 70 and page["next_before"] == 71
+    back = actions.read_notes(ws, Who("alice", sid), before=71, limit=60, env={}, now=NOW)
+    assert [n["seq"] for n in back["notes"]] == list(range(11, 71)) and back["next_before"] == 11
+    last = actions.read_notes(ws, Who("alice", sid), before=11, limit=60, env={}, now=NOW)
+    assert [n["seq"] for n in last["notes"]] == list(range(1, 11))
+    assert last["remaining"] == 0 and last["next_before"] is None
+    for i in range(3):
+        actions.note(ws, Who("alice", sid), "y" * 40000, env={}, now=NOW)
+    big = actions.read_notes(ws, Who("alice", sid), env={}, now=NOW)
+    assert len(big["notes"]) == 1 and big["next_before"] == big["notes"][0]["seq"]
+
+
+# -- the CLI ---------------------------------------------------------------------------------------
+
+def test_cli_pages_and_says_how_to_go_on(backlog, cli):
+    ws, sid = backlog(120)
+    out = cli("read-signals", "--agent-id", "bob", "--limit", "50")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    data = json.loads(cli("read-signals", "--agent-id", "bob", "--limit", "50", "--json").stdout)
+    assert len(lines) == 51 and lines[-1] == f"-- 70 more signals: `synapolis read-signals --after " \
+                                                f"{data['next_after']}`"
+    rest = json.loads(cli("read-signals", "--agent-id", "bob", "--after", data["next_after"], "--json").stdout)
+    assert [s["content"] for s in rest["signals"]] == [f"signal {i}" for i in range(50, 120)]
+    bad = cli("read-signals", "--agent-id", "bob", "--after", "-1", "--json")
+    assert bad.returncode == 2 and json.loads(bad.stdout)["error"]["type"] == "UsageError"
+    beat = cli("beat", "--agent-id", "bob")
+    assert beat.stdout.splitlines()[-1] == "-- 100 more undelivered: `synapolis signals-pending` delivers them"
+    pending = json.loads(cli("signals-pending", "--agent-id", "bob", "--limit", "30", "--json").stdout)
+    assert len(pending["pending_signals"]) == 30 and pending["pending_remaining"] == 70
+
+
+def test_terminal_text_is_sanitised_and_json_is_not(backlog, cli):
+    hostile = "\x1b[2J\x1b]0;owned\x07hello\r\u202eevil\x9b31m"
+    ws, sid = backlog(1, content=lambda i: hostile)
+    actions.note(ws, Who("alice", sid), hostile, env={}, now=NOW)
+    for verb in (["read-signals"], ["signals-pending"], ["read-notes"]):
+        out = cli(*verb, "--agent-id", "bob")
+        assert out.returncode == 0, out.stderr
+        assert not any(c in out.stdout for c in "\x1b\x07\r\u202e\x9b"), (verb, out.stdout)
+        assert "\\x1b[2J" in out.stdout and "\\u202e" in out.stdout, (verb, out.stdout)
+    data = json.loads(cli("read-signals", "--agent-id", "bob", "--all", "--json").stdout)
+    assert data["signals"][0]["content"] == hostile
+
+
+# -- over MCP (the SDK's in-process client) --------------------------------------------------------
+
+def test_mcp_answers_are_pages_under_256_kb(backlog, state_dir):
+    import anyio
+    import pytest
+
+    pytest.importorskip("mcp")
+    from mcp import Client
+
+    from synapolis.mcp.server import create_server
+    from synapolis.mcp.watch import inbox_uri
+
+    ws, sid = backlog(400, content=lambda i: f"{i} " + "z" * 3000)
+
+    async def main():
+        async with Client(create_server(state_dir, {"SYNAPOLIS_AGENT_ID": "bob", "SYNAPOLIS_SESSION_ID": sid})) as bob:
+            sizes = []
+
+            async def call(tool, **args):
+                result = await bob.call_tool(tool, args)
+                assert not result.is_error, result.content[0].text
+                sizes.append(len(result.model_dump_json(by_alias=True, exclude_none=True).encode()))
+                return result.structured_content
+
+            beat = await call("beat")
+            taken = len(beat["pending_signals"])
+            assert 8 <= taken <= 10 and beat["pending_remaining"] == 400 - taken  # 32 KB of 3 KB signals
+            got, after = [], None
+            while True:
+                page = await call("read_signals", **({"after": after} if after is not None else {}))
+                got += [int(s["content"].split()[0]) for s in page["signals"]]
+                if page["next_after"] is None:
+                    break
+                after = page["next_after"]
+            assert got == list(range(400))
+            pending = await call("signals_pending", limit=5)
+            assert len(pending["pending_signals"]) == 5 and pending["pending_remaining"] == 395 - taken
+            inbox = json.loads((await bob.read_resource(inbox_uri(sid, "bob"))).contents[0].text)
+            assert inbox["remaining"] > 0 and inbox["next_after"] == inbox["signals"][-1]["sequence"]
+            assert max(sizes) < 256 * 1024, sizes
+            assert len(json.dumps(inbox)) < 256 * 1024
+
+    anyio.run(main)

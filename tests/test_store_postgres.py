@@ -1,0 +1,504 @@
+"""The PostgreSQL store with real processes: two state directories standing for two machines, one database.
+
+Every test here needs a PostgreSQL server (tests/conftest.py `pg_server`: $SYNAPOLIS_TEST_PG_URL or a
+throwaway one from scripts/synapolis-test-postgres); without one they skip, in CI they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from synapolis import actions
+from synapolis.sessions import read_session
+from synapolis.errors import BusyError
+from synapolis.identity import Who
+from synapolis.workspace import Workspace
+
+from conftest import PG_SCRIPT, _cli_env, no_postgres, store_rows, use_store
+
+FAST = {"rate_limit_per_min": 100000}
+
+
+def _config(ws, **values) -> Workspace:
+    document = json.loads(ws.paths.config.read_text())
+    document.update(values)
+    ws.paths.config.write_text(json.dumps(document))
+    return Workspace.open(ws.root)
+
+
+@pytest.fixture
+def machines(tmp_path, pg_url):
+    """Two state directories ("laptop", "runner") pointing at one fresh database."""
+    a = _config(use_store(tmp_path / "laptop", pg_url), **FAST)
+    b = _config(use_store(tmp_path / "runner", pg_url), **FAST)
+    return a, b
+
+
+def run_cli(ws, *args, input=None, env=None, timeout=60):
+    cmd = [sys.executable, "-m", "synapolis", "--state-dir", str(ws.root), *map(str, args)]
+    return subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout, env=_cli_env(env))
+
+
+def test_cross_machine_signals_are_delivered_exactly_once(machines):
+    laptop, runner = machines
+    sid = actions.start(laptop, agent_id="alice", session_id="s1", env={})["session_id"]
+    actions.start(runner, agent_id="bob", session_id=sid, env={})
+    bob, alice = Who("bob", sid), Who("alice", sid)
+    sent = [actions.signal(runner, bob, to, text, env={}, piggyback=False)["signal"]["id"]
+            for to, text in (("alice", "directed"), ("*", "broadcast"), ("alice.tests", "to a sub-agent"))]
+    first = actions.signals_pending(laptop, alice, env={})["pending_signals"]
+    assert [s["id"] for s in first] == sent
+    assert [s["sequence"] for s in first] == sorted(s["sequence"] for s in first)
+    assert actions.signals_pending(laptop, alice, env={})["pending_signals"] == []
+    rows = store_rows(laptop, sid, "SELECT signal_id, delivery_method FROM signal_deliveries WHERE agent_id = ?",
+                      ("alice",))
+    assert sorted(r["signal_id"] for r in rows) == sorted(sent) and {r["delivery_method"] for r in rows} == {"poll"}
+    # both machines list both agents, and the laptop's session is the runner's
+    ids = {a["id"] for a in actions.list_agents(runner, bob, env={})["agents"]}
+    assert ids == {"alice", "bob"}
+    assert not runner.paths.session_db(sid).exists()  # nothing of the session is in the local files
+
+
+WRITER = r"""
+import json, sys
+from synapolis import actions
+from synapolis.identity import Who
+from synapolis.workspace import Workspace
+ws = Workspace.open(sys.argv[1])
+who = Who(sys.argv[2], sys.argv[3])
+for i in range(int(sys.argv[4])):
+    out = actions.signal(ws, who, sys.argv[5], f"{sys.argv[2]}-{i}", env={}, piggyback=False)
+    print(out["signal"]["id"], flush=True)
+"""
+
+
+def test_eight_writers_on_two_machines_and_a_draining_reader(machines):
+    """Every signal reaches the reader once, none skipped, in strictly increasing `sequence`, while
+    eight processes on both machines commit concurrently."""
+    laptop, runner = machines
+    sid = actions.start(laptop, agent_id="reader", session_id="s1", env={})["session_id"]
+    writers = [f"w{i}" for i in range(8)]
+    for i, name in enumerate(writers):
+        actions.start(laptop if i % 2 else runner, agent_id=name, session_id=sid, env={})
+    per_writer = 25
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str((laptop if i % 2 else runner).root), name, sid,
+                               str(per_writer), "reader" if i % 3 else "*"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i, name in enumerate(writers)]
+    reader = Who("reader", sid)
+    got = []
+    while any(p.poll() is None for p in procs):
+        got += actions.signals_pending(laptop, reader, env={})["pending_signals"]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-500:] for o in outs]
+    got += actions.signals_pending(laptop, reader, env={})["pending_signals"]
+    sent = [line for out, _err in outs for line in out.split()]
+    assert len(sent) == 8 * per_writer
+    ids = [s["id"] for s in got]
+    assert len(ids) == len(set(ids)), "a signal was delivered twice"
+    assert set(ids) == set(sent), f"{len(set(sent) - set(ids))} signal(s) skipped"
+    sequences = [s["sequence"] for s in got]
+    assert sequences == sorted(sequences) and len(set(sequences)) == len(sequences)
+
+
+def test_a_reader_never_moves_past_an_uncommitted_signal(machines):
+    """The sequence/watermark problem, made to happen: a transaction draws a sequence and does not commit;
+    a later sender must wait for it (so sequence order is commit order), and a reader draining meanwhile
+    sees neither and does not move its watermark past either."""
+    import psycopg
+    from psycopg.rows import dict_row
+
+    from synapolis.store.postgres import PostgresTransaction
+
+    laptop, runner = machines
+    sid = actions.start(laptop, agent_id="alice", session_id="s1", env={})["session_id"]
+    actions.start(runner, agent_id="bob", session_id=sid, env={})
+    actions.start(runner, agent_id="carol", session_id=sid, env={})
+    slow = psycopg.connect(laptop.config.store, row_factory=dict_row)  # a writer stuck mid-transaction
+    tx = PostgresTransaction(slow.cursor(), sid, True)
+    first = {"id": "a" * 64, "timestamp": "2030-01-01T00:00:00.000000Z", "sender": "bob", "recipient": "alice",
+             "type": "inform", "content": "slow", "lamport": 1, "reply_to": None}
+    first_seq = tx.insert_signal(first)
+    later = {}
+
+    def send_later():
+        later.update(actions.signal(runner, Who("carol", sid), "alice", "fast", env={}, piggyback=False)["signal"])
+
+    sender = threading.Thread(target=send_later)
+    sender.start()
+    time.sleep(0.5)
+    assert sender.is_alive(), "a second insert ran while an earlier sequence was uncommitted"
+    assert actions.signals_pending(laptop, Who("alice", sid), env={})["pending_signals"] == []
+    row = store_rows(laptop, sid, "SELECT delivered_upto FROM agents WHERE id = 'alice'")[0]
+    assert row["delivered_upto"] < first_seq
+    slow.commit()
+    slow.close()
+    sender.join(10)
+    assert later["sequence"] > first_seq
+    got = actions.signals_pending(laptop, Who("alice", sid), env={})["pending_signals"]
+    assert [s["content"] for s in got] == ["slow", "fast"]
+
+
+TIRED = r"""
+import json, sys
+from synapolis import sleep
+from synapolis.identity import Who
+from synapolis.workspace import Workspace
+ws = Workspace.open(sys.argv[1])
+out = sleep.tired(ws, Who(sys.argv[2], sys.argv[3]), memories=json.loads(sys.argv[4]), env={})
+print(json.dumps({"outcome": out["outcome"], "merged": out["merged"]}))
+"""
+
+
+def test_four_agents_tired_at_once_across_machines_consolidate_once(machines):
+    laptop, runner = machines
+    sid = actions.start(laptop, agent_id="a0", session_id="s1", env={})["session_id"]
+    for i in range(1, 4):
+        actions.start(laptop if i % 2 == 0 else runner, agent_id=f"a{i}", session_id=sid, env={})
+    memories = [json.dumps(["shared fact", f"fact of a{i}"]) for i in range(4)]
+    procs = [subprocess.Popen([sys.executable, "-c", TIRED, str((laptop if i % 2 == 0 else runner).root), f"a{i}",
+                               sid, memories[i]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(4)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-500:] for o in outs]
+    results = [json.loads(o[0]) for o in outs]
+    assert [r["outcome"] for r in results].count("consolidated") == 1
+    from synapolis.sleep import memories
+
+    ledger = memories(runner)["memories"]
+    assert sorted(line["text"] for line in ledger) == sorted(["shared fact"] + [f"fact of a{i}" for i in range(4)])
+    assert memories(laptop) == memories(runner)  # one ledger, in the database
+    assert not any(ws.paths.memory_ledger.exists() for ws in machines)
+    assert store_rows(laptop, sid, "SELECT COUNT(*) AS n FROM staged_memories")[0]["n"] == 0
+    assert read_session(runner, sid)["status"] == "ended"
+
+
+def test_one_watchdog_pass_across_machines(machines):
+    import psycopg
+
+    laptop, runner = machines
+    holder = psycopg.connect(laptop.config.store, autocommit=True)
+    holder.execute("SELECT pg_advisory_lock(hashtextextended('synapolis.pass.watchdog', 0))")
+    out = run_cli(runner, "watchdog", "--json")
+    assert out.returncode == 0 and json.loads(out.stdout)["ran"] is False
+    holder.close()  # the pass on the other machine ends
+    out = run_cli(runner, "watchdog", "--json")
+    assert out.returncode == 0 and json.loads(out.stdout)["ran"] is True
+
+
+SENDER_LOOP = r"""
+import sys
+from synapolis import actions
+from synapolis.identity import Who
+from synapolis.workspace import Workspace
+ws = Workspace.open(sys.argv[1])
+i = 0
+while True:
+    out = actions.signal(ws, Who("bob", sys.argv[2]), "alice", f"n{i}", env={}, piggyback=False)
+    print(out["signal"]["id"], flush=True)
+    i += 1
+"""
+
+
+def test_sigkill_mid_send_keeps_every_acknowledged_signal_once(machines):
+    laptop, runner = machines
+    sid = actions.start(laptop, agent_id="alice", session_id="s1", env={})["session_id"]
+    actions.start(runner, agent_id="bob", session_id=sid, env={})
+    proc = subprocess.Popen([sys.executable, "-c", SENDER_LOOP, str(runner.root), sid], stdout=subprocess.PIPE,
+                            text=True)
+    acknowledged = []
+    while len(acknowledged) < 30:
+        acknowledged.append(proc.stdout.readline().strip())
+    proc.send_signal(signal.SIGKILL)
+    rest = proc.stdout.read().split()
+    proc.wait()
+    acknowledged += rest
+    got = actions.signals_pending(laptop, Who("alice", sid), env={})["pending_signals"]
+    ids = [s["id"] for s in got]
+    assert len(ids) == len(set(ids))
+    assert set(acknowledged) <= set(ids)
+    # the next call on the killed machine works without any manual step
+    again = actions.signal(runner, Who("bob", sid), "alice", "after the kill", env={}, piggyback=False)
+    assert again["signal"]["sequence"] > max(s["sequence"] for s in got)
+
+
+def test_schema_created_by_four_processes_at_once(pg_url, tmp_path):
+    dirs = [use_store(tmp_path / f"m{i}", pg_url) for i in range(4)]
+    procs = [subprocess.Popen([sys.executable, "-m", "synapolis", "--state-dir", str(ws.root), "start", "--agent-id",
+                               f"a{i}", "--session-id", "s1", "--json"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=_cli_env()) for i, ws in enumerate(dirs)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], [o[1][-300:] for o in outs]
+    created = [json.loads(o[0])["created_session"] for o in outs]
+    assert created.count(True) == 1
+    import psycopg
+
+    with psycopg.connect(pg_url) as conn:
+        from synapolis.store.postgres import SCHEMA_VERSION
+
+        assert conn.execute("SELECT version FROM synapolis_schema").fetchone()[0] == SCHEMA_VERSION
+        assert conn.execute("SELECT COUNT(*) FROM agents WHERE session_id = 's1'").fetchone()[0] == 4
+
+
+# -- faults: bounded, exit 8, one line naming the host, never the password -----------------------------
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _assert_busy_line(out, host_port: str, password: str | None):
+    assert out.returncode == 8, out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in out.stderr
+    assert host_port in lines[0]
+    if password:
+        assert password not in out.stderr and password not in out.stdout
+
+
+def test_nothing_listening_is_exit_8_quickly(tmp_path):
+    port = _free_port()
+    ws = use_store(tmp_path / "state", f"postgresql://synapolis:s3cret-pw@127.0.0.1:{port}/synapolis")
+    began = time.monotonic()
+    out = run_cli(ws, "start", "--agent-id", "alice")
+    assert time.monotonic() - began < 15
+    _assert_busy_line(out, f"127.0.0.1:{port}", "s3cret-pw")
+    assert "refused" in out.stderr.lower()
+    # the hook still exits 0
+    hook = run_cli(ws, "hook", "claude-code", input=json.dumps({"session_id": "c1", "hook_event_name": "SessionStart",
+                                                                "cwd": str(tmp_path)}))
+    assert hook.returncode == 0 and "s3cret-pw" not in hook.stderr + hook.stdout
+
+
+def test_wrong_password_is_exit_8_and_never_shows_it(pg_url, tmp_path):
+    from psycopg.conninfo import conninfo_to_dict
+
+    parts = conninfo_to_dict(pg_url)
+    bad = pg_url.replace(f":{parts['password']}@", ":wrong-Passw0rd@")
+    ws = use_store(tmp_path / "state", bad)
+    out = run_cli(ws, "start", "--agent-id", "alice", "--json")
+    _assert_busy_line(out, f"{parts['host']}:{parts['port']}", "wrong-Passw0rd")
+    assert "password authentication failed" in out.stderr
+    assert json.loads(out.stdout)["error"]["type"] == "BusyError"
+    with pytest.raises(BusyError) as caught:
+        actions.start(ws, agent_id="alice", env={})
+    assert "wrong-Passw0rd" not in str(caught.value)
+
+
+def test_server_stopped_and_started_between_calls(tmp_path):
+    done = subprocess.run(["bash", PG_SCRIPT, "start"], capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        no_postgres(f"cannot start a private PostgreSQL server: {done.stderr[-200:]}")
+    found = dict(line.split("=", 1) for line in done.stdout.replace("export ", "").replace("'", "").split())
+    url, folder = found["SYNAPOLIS_TEST_PG_URL"], found["SYNAPOLIS_TEST_PG_DIR"]
+    try:
+        ws = use_store(tmp_path / "state", url)
+        assert run_cli(ws, "start", "--agent-id", "alice", "--session-id", "s1").returncode == 0
+        subprocess.run(["bash", PG_SCRIPT, "stop", folder], check=True, capture_output=True, timeout=120)
+        out = run_cli(ws, "beat", "--agent-id", "alice", "--session-id", "s1")
+        _assert_busy_line(out, "127.0.0.1:", url.split(":")[2].split("@")[0])
+        assert json.loads(ws.paths.heartbeat("alice").read_text())["agent_id"] == "alice"  # the local beat landed
+        subprocess.run(["bash", PG_SCRIPT, "start", folder], check=True, capture_output=True, timeout=120)
+        out = run_cli(ws, "signal", "--agent-id", "alice", "--session-id", "s1", "*", "back again")
+        assert out.returncode == 0, out.stderr
+        # a long-lived process (this one) whose connection died with the server: one BusyError, then it works
+        actions.beat(ws, Who("alice", "s1"), env={})
+        subprocess.run(["bash", PG_SCRIPT, "stop", folder], check=True, capture_output=True, timeout=120)
+        subprocess.run(["bash", PG_SCRIPT, "start", folder], check=True, capture_output=True, timeout=120)
+        try:
+            actions.beat(ws, Who("alice", "s1"), env={})
+        except BusyError as exc:
+            assert "127.0.0.1" in str(exc)
+        assert actions.beat(ws, Who("alice", "s1"), env={})["registered"] is True
+    finally:
+        from synapolis.store import close_all
+
+        close_all()
+        subprocess.run(["bash", PG_SCRIPT, "destroy", folder], capture_output=True, timeout=120)
+
+
+def test_postgres_url_without_the_driver_is_exit_2_with_the_install_command(tmp_path):
+    ws = use_store(tmp_path / "state", "postgresql://u:pw@127.0.0.1:1/db")
+    code = ("import sys; sys.modules['psycopg'] = None; from synapolis.cli import main; "
+            f"sys.argv = ['synapolis', '--state-dir', {str(ws.root)!r}, 'start', '--agent-id', 'alice']; main()")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=_cli_env())
+    assert out.returncode == 2
+    assert 'pip install "synapolis[postgres]"' in out.stderr and "Traceback" not in out.stderr
+
+
+def test_push_from_another_machines_cli_reaches_a_subscriber(machines):
+    """LISTEN/NOTIFY: a signal sent by the runner's CLI wakes the laptop's MCP watcher for alice's inbox."""
+    from synapolis.mcp.watch import SessionWatcher, Subscriptions, current_value
+
+    laptop, runner = machines
+    sid = actions.start(laptop, agent_id="alice", session_id="s1", env={})["session_id"]
+    actions.start(runner, agent_id="bob", session_id=sid, env={})
+    uri = f"synapolis://session/{sid}/inbox/alice"
+    subscriptions = Subscriptions()
+    subscriptions.add(uri, "client-1", current_value(laptop, uri))
+    woken = threading.Event()
+    notified = []
+
+    def notify(uris):
+        notified.extend(uris)
+        woken.set()
+
+    watcher = SessionWatcher(laptop, subscriptions, notify).start()
+    try:
+        time.sleep(0.5)  # the listener connects (and re-checks: nothing new yet)
+        assert notified == []
+        out = run_cli(runner, "signal", "--agent-id", "bob", "--session-id", sid, "alice", "pushed")
+        assert out.returncode == 0, out.stderr
+        assert woken.wait(10), "no push reached the subscriber"
+        assert notified == [uri]
+    finally:
+        watcher.stop()
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite", "postgres"], indirect=True)
+def test_memories_lists_the_ledger_from_either_store(ws, cli, store_kind):
+    actions.start(ws, agent_id="alice", session_id="s1", env={})
+    from synapolis.sleep import tired
+
+    tired(ws, Who("alice", "s1"), memories=[{"text": "CI needs docker", "key": "ci", "tags": ["infra"]}, "use uv"],
+          env={})
+    out = cli("memories", "--json")
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert [(m["text"], m["key"], m["tags"], m["sources"]) for m in got["memories"]] == [
+        ("CI needs docker", "ci", ["infra"], ["alice"]), ("use uv", None, [], ["alice"])]
+    assert got["total"] == 2 and all(m["merged_at"] for m in got["memories"])
+    newest = json.loads(cli("memories", "--limit", "1", "--json").stdout)["memories"]
+    assert [m["text"] for m in newest] == ["use uv"]
+    text = cli("memories").stdout
+    assert "[ci] CI needs docker  (from alice)" in text
+    assert cli("memories", "--limit", "0").returncode == 2
+    # on PostgreSQL the ledger is in the database, not in this machine's files
+    assert ws.paths.memory_ledger.exists() == (store_kind == "sqlite")
+
+
+def test_every_machine_sees_every_agents_heartbeat(machines):
+    """The beat lands in the local file first, then its copy in the database: list-agents and the monitor on
+    the other machine see the agent (not `missing`), with the host it runs on."""
+    laptop, runner = machines
+    sid = actions.start(laptop, agent_id="alice", session_id="s1", env={})["session_id"]
+    actions.start(runner, agent_id="bob", session_id=sid, env={})
+    actions.beat(runner, Who("bob", sid), task="remote work", env={})
+    assert runner.paths.heartbeat("bob").exists() and not laptop.paths.heartbeat("bob").exists()
+    listed = {a["id"]: a for a in actions.list_agents(laptop, Who("alice", sid), env={})["agents"]}
+    assert listed["bob"]["effective_status"] == "active"
+    out = run_cli(laptop, "monitor", "--json")
+    assert out.returncode == 0, out.stderr
+    monitor = json.loads(laptop.paths.monitor.read_text())
+    agents = {a["agent_id"]: a for a in monitor["agents"]}
+    assert set(agents) == {"alice", "bob"}
+    assert agents["bob"]["effective_status"] == "active" and agents["bob"].get("task") == "remote work"
+    import psycopg
+
+    with psycopg.connect(laptop.config.store) as conn:
+        host, doc = conn.execute("SELECT host, doc FROM heartbeats WHERE agent_id = 'bob'").fetchone()
+    assert json.loads(doc)["task"] == "remote work" and host == json.loads(doc)["host"]
+
+
+RACER = r"""
+import json, sys
+from synapolis import claims
+from synapolis.errors import ConflictError
+from synapolis.workspace import Workspace
+ws = Workspace.open(sys.argv[1])
+me = sys.argv[2]
+sys.stdin.readline()  # the start line: every racer goes at once
+won = {}
+for item in [f"ticket:{i}" for i in range(10)]:
+    try:
+        won[item] = claims.claim(ws, item, me, ttl_s=600)["token"]
+    except ConflictError:
+        pass
+print(json.dumps(won))
+"""
+
+
+def test_eight_processes_race_for_ten_claims_across_machines(machines):
+    """One winner per item, whatever machine; the fencing tokens only grow across take-overs."""
+    import psycopg
+
+    from synapolis import claims
+
+    laptop, runner = machines
+    for i in range(8):  # every racer is a live agent, so nobody may take another's claim
+        actions.beat(laptop if i % 2 else runner, Who(f"r{i}", None), env={})
+        actions.start(laptop if i % 2 else runner, agent_id=f"r{i}", session_id="s1", env={})
+    procs = [subprocess.Popen([sys.executable, "-c", RACER, str((laptop if i % 2 else runner).root), f"r{i}"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(8)]
+    time.sleep(1.0)  # every racer imported and waiting
+    outs = [p.communicate("go\n", timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-400:] for o in outs]
+    won = [json.loads(o[0]) for o in outs]
+    for i in range(10):
+        winners = [w[f"ticket:{i}"] for w in won if f"ticket:{i}" in w]
+        assert winners == [1], f"ticket:{i} won {len(winners)} times"
+    # the record is in the database, the same for both machines
+    listed = {c["item"]: c for c in claims.list_claims(laptop)}
+    assert {c["item"]: c["claimed_by"] for c in claims.list_claims(runner)} == \
+        {k: v["claimed_by"] for k, v in listed.items()}
+    # a release and a new claim: token 2, and a stale holder's token 1 is refused everywhere
+    holder = listed["ticket:0"]["claimed_by"]
+    claims.release(runner, "ticket:0", holder)
+    assert claims.claim(laptop, "ticket:0", "r0" if holder != "r0" else "r1", ttl_s=600)["token"] == 2
+    with pytest.raises(Exception) as stale:
+        claims.check(runner, "ticket:0", 1)
+    assert type(stale.value).__name__ == "StaleToken"
+    with psycopg.connect(laptop.config.store) as conn:
+        tokens = [json.loads(e)["token"] for (e,) in conn.execute(
+            "SELECT event FROM claim_events WHERE item = 'ticket:0' ORDER BY seq")]
+    assert tokens == [1, 1, 2] and not laptop.paths.claims_log.exists()
+
+
+def test_claim_expiry_is_judged_by_the_servers_clock(machines):
+    """A lease expires by the database server's time, not the local clock of whoever looks."""
+    from datetime import timedelta
+
+    from synapolis import claims
+    from synapolis.store import store_for
+
+    laptop, runner = machines
+    actions.beat(laptop, Who("alice", None), env={})
+    record = claims.claim(laptop, "job:1", "alice", ttl_s=1)
+    server_now = store_for(runner).now()
+    assert claims.check(runner, "job:1", record["token"])["claimed_by"] == "alice"  # server time: live
+    # the lease ends by the server's clock; a caller may still pin `now` (time is a parameter)
+    time.sleep(1.2)
+    with pytest.raises(Exception) as gone:
+        claims.check(runner, "job:1", record["token"])
+    assert type(gone.value).__name__ == "StaleToken"
+    assert claims.check(runner, "job:1", record["token"], now=server_now + timedelta(seconds=0.5))
+
+
+def test_doctor_checks_the_store(machines, tmp_path):
+    laptop, _runner = machines
+    out = run_cli(laptop, "doctor", "--json")
+    found = [f for f in json.loads(out.stdout)["findings"] if f["check"] == "store"]
+    from synapolis.store.postgres import SCHEMA_VERSION
+
+    assert [f["status"] for f in found] == ["ok", "ok"]
+    assert found[0]["schema_version"] == SCHEMA_VERSION and abs(found[1]["skew_s"]) < 5
+    assert "@" in found[0]["url"] and laptop.config.store.split(":")[2].split("@")[0] not in out.stdout
+    down = use_store(tmp_path / "down", f"postgresql://u:hidden-pw@127.0.0.1:{_free_port()}/db")
+    out = run_cli(down, "doctor", "--json")
+    found = [f for f in json.loads(out.stdout)["findings"] if f["check"] == "store"]
+    assert out.returncode == 1 and found[0]["status"] == "fail" and "refused" in found[0]["message"].lower()
+    assert "hidden-pw" not in out.stdout + out.stderr
+    plain = run_cli(use_store(tmp_path / "plain", "sqlite"), "doctor", "--json")
+    assert [f["status"] for f in json.loads(plain.stdout)["findings"] if f["check"] == "store"] == ["ok"]
