@@ -13,6 +13,7 @@ from . import actions, board, overview, signals
 from .errors import NoIdentityError, SynapolisError, UsageError
 from .identity import Who
 from .sessions import active_sessions, each_store
+from .store import store_for
 from .timeutil import utcnow
 
 SIGNALS_SHOWN = 20
@@ -35,7 +36,7 @@ def collect(ws, now: datetime | None = None, *, signals_shown: int = SIGNALS_SHO
                       "whiteboard": board.read_entries(tx)})
     for entry in shown:
         try:
-            entry["notes"] = board.read_notes(ws, entry["session_id"], notes_shown)
+            entry["notes"] = store_for(ws).read_notes(entry["session_id"], notes_shown)
         except (OSError, SynapolisError) as exc:
             entry["notes"] = []
             data["problems"].append(f"notes of {entry['session_id']}: {exc}")

@@ -142,3 +142,4 @@ def test_change_events_arrive_within_two_seconds_of_a_cli_change(served, cli):
     changes = [at for at, kind in events if kind == "change" and at > started[0]]
     assert changes, events
     assert changes[0] - finished < LIVE_S  # measured from the CLI's exit, its own start-up aside
+

@@ -10,7 +10,6 @@ nothing for an inbox (another agent's traffic, a checkpoint) notifies nobody.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass, field
