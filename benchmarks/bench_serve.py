@@ -201,7 +201,7 @@ def run(args) -> str:
         "",
         f"Machine: {machine()}  ",
         f"Command: `python benchmarks/bench_serve.py --calls {args.calls} --signals {args.signals}`  ",
-        "One `synapolis serve` (uvicorn, the SDK's streamable HTTP, protocol 2025-11-25 with a session, SSE "
+        "One `synapolis serve` (uvicorn, the SDK's streamable HTTP, protocol 2025-11-25 with a session, JSON "
         "answers) and one `synapolis mcp` (stdio) on one state directory, each driven by the SDK's client. "
         f"Load: {load} ({os.cpu_count()} CPUs shared with other work: compare columns of one run).",
         "",
@@ -227,7 +227,7 @@ def run(args) -> str:
         "",
         f"Target: HTTP at most 2x stdio: met by {met} of {len(ratios)} calls. The bare route is the floor of any "
         "call over HTTP on this server (a request through uvicorn and starlette, no MCP, no verb); what an MCP "
-        "call adds over it is the SDK's streamable HTTP transport (a POST answered as an SSE stream, session "
+        "call adds over it is the SDK's streamable HTTP transport (a POST answered with JSON, session "
         "checks) and the verb itself.",
         "",
         f"### Dashboard: `synapolis signal` (another process) to the page's `change` event ({args.signals} signals, "

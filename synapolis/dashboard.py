@@ -26,7 +26,7 @@ def collect(ws, now: datetime | None = None, *, signals_shown: int = SIGNALS_SHO
     data = overview.collect(ws, now)
     shown = []
     try:
-        ids = active_sessions(ws)
+        ids = shown_sessions(ws)
     except SynapolisError as exc:
         data["problems"].append(f"sessions: {exc.message}")
         ids = []
@@ -42,6 +42,11 @@ def collect(ws, now: datetime | None = None, *, signals_shown: int = SIGNALS_SHO
             data["problems"].append(f"notes of {entry['session_id']}: {exc}")
     data["activity"] = shown
     return data
+
+
+def shown_sessions(ws) -> list[str]:
+    """The sessions whose activity the page shows: the active ones."""
+    return active_sessions(ws)
 
 
 class Poster:

@@ -143,3 +143,36 @@ def test_change_events_arrive_within_two_seconds_of_a_cli_change(served, cli):
     assert changes, events
     assert changes[0] - finished < LIVE_S  # measured from the CLI's exit, its own start-up aside
 
+
+
+def test_an_open_page_with_nothing_changing_hears_no_change(served, cli):
+    """The page refetches on every change event; its own reads must never cause one (SQLite readers open,
+    close, create and delete files; were those news, the page would refetch forever)."""
+    cli("start", "--agent-id", "alice")
+    token = served.token("viewer", "--read-only")
+    auth = {"authorization": f"Bearer {token}"}
+    changes: list[float] = []
+    hello = threading.Event()
+    stop = threading.Event()
+
+    def page():
+        with httpx2.Client(base_url=served.url, timeout=30, headers=auth) as http:
+            with http.stream("GET", "/events") as stream:
+                for line in stream.iter_lines():
+                    if stop.is_set():
+                        return
+                    if line in ("event: hello", "event: change"):
+                        if line == "event: change":
+                            changes.append(time.monotonic())
+                        http.get("/api/dashboard").raise_for_status()  # what the page does on each event
+                        hello.set()
+
+    thread = threading.Thread(target=page, daemon=True)
+    thread.start()
+    assert hello.wait(10)
+    quiet_until = time.monotonic() + LIVE_S
+    stop.wait(LIVE_S)  # a window in which nothing changes: the page's reads alone
+    # the server's first read of a session may leave one trace (it then holds the session open); a page
+    # that fed itself would have refetched dozens of times in this window
+    assert len([at for at in changes if at < quiet_until]) <= 1, changes
+    stop.set()

@@ -31,6 +31,7 @@ NOTES_TEMPLATE = SCHEME + "{session_id}/notes"
 _INTERESTING = ("session.db", "session.db-wal", "notes.jsonl")
 # What in the state directory is bookkeeping, never news for a dashboard.
 _NOT_STATE = (".locks", "monitor_history", "hooks", "tokens.json", "identity.json")
+_NEWS = ("modified", "created", "deleted", "moved")  # not "closed", "attrib": SQLite readers make those
 
 
 def inbox_uri(session_id: str, agent_id: str) -> str:
@@ -198,8 +199,6 @@ class SessionWatcher:
             self._cond.notify()
 
     def _on_path(self, path: str) -> None:
-        if self.on_change is not None:
-            self._note_change(path)
         try:
             rel = Path(path).relative_to(self.ws.paths.sessions)
         except ValueError:
@@ -208,13 +207,21 @@ class SessionWatcher:
         if len(parts) == 2 and parts[1] in _INTERESTING:
             self.mark_dirty(parts[0])
 
-    def _note_change(self, path: str) -> None:
+    def _note_change(self, path: str, kind: str) -> None:
+        """A dashboard's news: a file written, made, removed or renamed in the state directory. Readers of
+        SQLite make noise that is no news (they open read-write, so closing is a "closed"; they create the
+        WAL and -shm, and the last one out deletes the WAL), so of the WAL only a write counts."""
         try:
             parts = Path(path).relative_to(self.ws.paths.root).parts
         except ValueError:
             return
         if not parts or parts[0] in _NOT_STATE or is_temp_name(parts[-1]) or parts[-1].endswith("-shm"):
             return  # locks, temporary files and SQLite's shared memory say nothing new
+        if parts[-1].endswith("-wal") and kind != "modified":
+            return
+        self._mark_changed()
+
+    def _mark_changed(self) -> None:
         with self._cond:
             self._changed = True
             self._last_event = time.monotonic()
@@ -223,7 +230,10 @@ class SessionWatcher:
     def _on_event(self, event) -> None:
         if event.event_type in ("opened", "closed_no_write"):
             return  # reads, including our own, change nothing
+        news = self.on_change is not None and event.event_type in _NEWS and not event.is_directory
         for path in event_paths(event):
+            if news:
+                self._note_change(path, event.event_type)
             self._on_path(path)
 
     def _start_observer(self) -> None:
@@ -314,10 +324,7 @@ class SessionWatcher:
         """A shared store's push (PostgreSQL LISTEN/NOTIFY: a signal stored on any machine); None after a
         (re)connection, when notices may have been lost: every subscribed session is checked again."""
         if self.on_change is not None:  # the dashboard: news from another machine is news too
-            with self._cond:
-                self._changed = True
-                self._last_event = time.monotonic()
-                self._cond.notify()
+            self._mark_changed()
         if session_id is not None:
             self.mark_dirty(session_id)
             return

@@ -66,6 +66,15 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
     def csrf_for(token: str) -> str:
         return hmac.new(csrf_key, digest(token).encode(), sha256).hexdigest()
 
+    def collect() -> dict:
+        """The page's data. The server first holds a connection to each active session (as it does for the
+        sessions its tools work in): otherwise the page's own read, as the last connection out, would
+        checkpoint and delete a WAL, a change that fires the next event, and the page would refetch forever."""
+        ws = state.workspace()
+        for session_id in dashboard.shown_sessions(ws):
+            state.keep_open(ws, session_id)
+        return dashboard.collect(ws)
+
     async def healthz(request: Request) -> Response:
         return JSONResponse({"ok": True})
 
@@ -79,7 +88,7 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
         if who is None:
             return _refused()
         record, token, _ = who
-        data = await anyio.to_thread.run_sync(lambda: dashboard.collect(state.workspace()))
+        data = await anyio.to_thread.run_sync(collect)
         data["me"] = {"token": record["name"], "agent_id": record.get("agent_id"),
                       "read_only": bool(record.get("read_only")), "csrf": csrf_for(token)}
         data["changes"] = state.changes
