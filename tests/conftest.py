@@ -32,7 +32,7 @@ def state_dir(tmp_path):
 
 # Modules whose tests (those using `ws`) run against SQLite and PostgreSQL; a test that reads the SQLite
 # file itself is marked `sqlite_only`.
-BOTH_STORES = {"test_signals", "test_delivery", "test_sleep", "test_sessions", "test_board", "test_store"}
+BOTH_STORES = {"test_signals", "test_delivery", "test_sleep", "test_sessions", "test_board", "test_signals_processes", "test_store"}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PG_SCRIPT = os.path.join(ROOT, "scripts", "synapolis-test-postgres")
 

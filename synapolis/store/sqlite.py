@@ -266,7 +266,7 @@ class SqliteTransaction(base.Transaction):
     def max_lamport(self):
         return int(self.conn.execute("SELECT COALESCE(max(lamport), 0) FROM signals").fetchone()[0])
 
-    def insert_signal(self, signal):
+    def insert_signal(self, signal, caller=None):
         # looked up first: an ignored INSERT would still use up an AUTOINCREMENT number
         if self.conn.execute("SELECT 1 FROM signals WHERE id = ?", (signal["id"],)).fetchone() is not None:
             return None
@@ -275,6 +275,8 @@ class SqliteTransaction(base.Transaction):
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (signal["id"], signal["timestamp"], signal["sender"],
                                                 signal["recipient"], signal["type"], signal["content"],
                                                 signal["lamport"], signal["reply_to"]))
+        if caller is not None:
+            self.raise_lamport(caller, signal["lamport"])
         return cursor.lastrowid
 
     def find_signals(self, ref, limit=100):
