@@ -227,6 +227,32 @@ def _push(record: dict, transition: dict) -> None:
     del history[:-MAX_TRANSITIONS]
 
 
+def _event_of(record: dict, transition: dict) -> dict:
+    """The claims.jsonl line of one transition of `record`."""
+    return {"at": transition["at"], "item": record["item"],
+            **{k: v for k, v in transition.items() if k not in ("at", "log_at", "count")}}
+
+
+def _logged(log: JsonlLog, event: dict, offset) -> bool:
+    """Whether the line at `offset` of the claim log is `event` (the line a transition was written with)."""
+    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+        return True  # written before transitions carried their offset: nothing to compare
+    # (a line appended after a torn fragment starts one newline later)
+    line = os.pread(log.fd, 65536, offset).lstrip(b"\n").split(b"\n", 1)[0]
+    try:
+        found = json.loads(line)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return False
+    return isinstance(found, dict) and all(found.get(k) == event.get(k) for k in ("at", "item", "event", "token"))
+
+
+def _repair(log: JsonlLog, record: dict | None, last) -> None:
+    """Log the transition `last` of `record` if its line is missing: a writer killed between replacing the
+    claim file and appending the event leaves the event only in the file; the next change logs it."""
+    if isinstance(last, dict) and "log_at" in last and not _logged(log, _event_of(record, last), last["log_at"]):
+        log.append({**_event_of(record, last), "recovered": True})
+
+
 def _commit(ws, slot, record: dict, transition: dict) -> None:
     """Persist the record (the token's high-water mark) and log its event: both or neither."""
     _push(record, transition)
@@ -251,12 +277,28 @@ class FileSlot:
 
     def write(self, record: dict, event: dict) -> None:
         """The event log is locked first, so a busy log (BusyError) changes nothing; if the event cannot
-        be appended (a full disk, a file-size limit) the old claim file is put back (atomic.restorable)."""
-        ws = self.ws
-        with JsonlLog(ws.paths.claims_log, timeout=ws.config.busy_timeout_ms / 1000.0) as log, \
-                restorable(self.path):
+        be appended (a full disk, a file-size limit) the old claim file is put back (atomic.restorable).
+
+        Each transition records the offset of its line (`log_at`), so a writer killed between the file
+        and its line is repaired by the next change of the item (_repair).
+        """
+        history = record.get("transitions") or []
+        with self._log() as log, restorable(self.path):
+            _repair(log, record, history[-2] if len(history) >= 2 else None)
+            if history:
+                history[-1]["log_at"] = os.fstat(log.fd).st_size
             atomic_write_json(self.path, record)
             log.append(event)
+
+    def settle(self) -> None:
+        """Nothing changes (releasing a released claim), but a crashed change's missing line is logged."""
+        history = (self.record or {}).get("transitions") or []
+        if history:
+            with self._log() as log:
+                _repair(log, self.record, history[-1])
+
+    def _log(self) -> JsonlLog:
+        return JsonlLog(self.ws.paths.claims_log, timeout=self.ws.config.busy_timeout_ms / 1000.0)
 
 
 @contextlib.contextmanager
@@ -552,6 +594,7 @@ def release(ws, item: str, agent_id: str, force: bool = False, reason: str | Non
         if token is not None:
             _require_live(record, token, now, agent_id, allow_expired=True)
         if record.get("released_at"):
+            slot.settle()  # a crashed change of it may still owe its log line
             return Claim(record, event=None)
         holder = record["claimed_by"]
         now_s = format_ts(now)

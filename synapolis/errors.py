@@ -82,5 +82,6 @@ class BusyError(SynapolisError, TimeoutError):
 def internal_error(exc: BaseException) -> InternalError:
     """An exception synapolis did not raise on purpose, as the one-line InternalError (exit 1) it reports."""
     if isinstance(exc, OSError):
-        return InternalError(f"{exc.strerror or exc} ({getattr(exc, 'filename', '') or ''})".strip())
+        where = getattr(exc, "filename", None)
+        return InternalError(f"{exc.strerror or exc}" + (f" ({where})" if where else ""))
     return InternalError(f"unexpected {type(exc).__name__}: {exc}")

@@ -257,16 +257,21 @@ def _log_record(event: dict, incident: dict) -> dict:
 
 
 def _record(paths, changed: dict, records: list) -> None:
-    """Write the changed incident files and log their events: all of them or none (a failure puts the
-    old files back, atomic.restorable), so an incident never opens without its `opened` event."""
+    """Log the events, then write the changed incident files: all of it or none (a failure takes the log
+    lines back and puts the old files back, atomic.restorable). The log goes first so that even a crash
+    between the two never leaves an incident without its `opened` event (the next pass opens it again)."""
     if not changed and not records:
         return
     files = {name: paths.escalation(name) for name in changed}
     with JsonlLog(paths.escalations_log) as log, restorable(*files.values()):
-        for name, incident in changed.items():
-            atomic_write_json(files[name], incident)
-        if records:
-            log.append(*records)
+        offset = log.append(*records) if records else None
+        try:
+            for name, incident in changed.items():
+                atomic_write_json(files[name], incident)
+        except BaseException:
+            if offset is not None:
+                log.undo(offset)
+            raise
 
 
 def read_monitor(paths):

@@ -29,8 +29,8 @@ CONTEXT_KINDS = ("start", "deliver")
 # What each harness shows of a hook's context, counted the way that harness counts (docs/HOOKS.md names
 # the source of each rule). A signal is marked delivered only when its whole text fits.
 OUTPUT_BUDGETS = {
-    # Claude Code: hook output over 10,000 characters (JavaScript string length: UTF-16 code units) is
-    # replaced by a preview and a file. Counted here on the whole printed answer, JSON escapes included.
+    # Claude Code: additionalContext over 10,000 characters (JavaScript string length: UTF-16 code
+    # units, an emoji counts 2) is replaced by a preview and a file; 10,000 exactly passes whole.
     "claude-code": 10_000,
     # Codex: ceil(UTF-8 bytes / 4) approximate tokens; additionalContext over 2,500 of them is cut to a
     # preview and the rest spilled to a file under $CODEX_HOME/hook_outputs. So: 10,000 UTF-8 bytes.
@@ -123,17 +123,12 @@ def context_cost(harness: str, text: str) -> int:
         return len(text.encode("utf-8", "surrogatepass"))
     if harness == "gemini-cli":
         return _utf16_units(text) + 3 * (text.count("<") + text.count(">"))
-    # Claude Code: as printed inside the answer, quotes, newlines and control characters escaped
-    return _utf16_units(json.dumps(text, ensure_ascii=False)) - 2
+    return _utf16_units(text)  # Claude Code: the parsed string's JavaScript length
 
 
 def context_room(harness: str, event: str) -> int:
-    """The budget left for the context itself once the answer around it is counted (Claude Code only)."""
-    budget = OUTPUT_BUDGETS[harness]
-    if harness == "claude-code":
-        frame = json.dumps(answer(harness, event, "x") or {}, ensure_ascii=False)
-        budget -= _utf16_units(frame)  # the frame without the "x", plus the newline that ends the answer
-    return budget
+    """The budget for one event's context (the same for every event today)."""
+    return OUTPUT_BUDGETS[harness]
 
 
 def _signal_block(signal: dict) -> str:

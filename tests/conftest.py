@@ -28,6 +28,14 @@ def state_dir(tmp_path):
     return tmp_path / "state"
 
 
+def configure(ws, **values):
+    """Set keys of the state directory's synapolis.json; the Workspace opened again with them."""
+    document = json.loads(ws.paths.config.read_text())
+    document.update(values)
+    ws.paths.config.write_text(json.dumps(document))
+    return Workspace.open(ws.root)
+
+
 # -- the stores (contract §12): the contract tests of these modules run once per store -----------------
 
 # Modules whose tests (those using `ws`) run against SQLite and PostgreSQL; a test that reads the SQLite
@@ -137,6 +145,14 @@ def ws(state_dir, store_kind, request):
     return Workspace.open(state_dir).ensure()
 
 
+def console_script(name: str) -> str:
+    """A console script of this install (`synapolis`, `validate-heartbeat`): the one next to the running
+    interpreter, never a name looked up on PATH, which on a fresh machine finds nothing or another install."""
+    from pathlib import Path
+
+    return str(Path(sys.executable).parent / name)
+
+
 def _cli_env(extra=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SYNAPOLIS_")}
     env.update(extra or {})
@@ -160,13 +176,21 @@ def heartbeat_doc(agent_id: str, beat_at: str, **fields) -> dict:
     return {k: v for k, v in doc.items() if v is not None}
 
 
+def set_written_at(path, moment: datetime) -> None:
+    """Give a file the modification time `moment` (what a reader with no memory judges a clock that runs
+    ahead by): a file written at the test's `now` looks written then, whatever the machine's clock says."""
+    os.utime(path, (moment.timestamp(), moment.timestamp()))
+
+
 @pytest.fixture
 def put_heartbeat(ws):
-    """Write a raw heartbeat file (no seq bookkeeping): put_heartbeat(agent_id, beat_at, **fields) -> path."""
-    def put(agent_id: str, beat_at: str, **fields):
+    """Write a raw heartbeat file (no seq bookkeeping), as if written at `written_at` (default NOW):
+    put_heartbeat(agent_id, beat_at, written_at=NOW, **fields) -> path."""
+    def put(agent_id: str, beat_at: str, written_at: datetime = NOW, **fields):
         path = ws.paths.heartbeats / f"{agent_id}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(heartbeat_doc(agent_id, beat_at, **fields)))
+        set_written_at(path, written_at)
         return path
     return put
 
@@ -377,6 +401,66 @@ def fill_to(folder, free_bytes: int) -> None:
             handle.flush()
         except OSError:
             pass
+
+
+# The CLI in a child process whose I/O steps are counted: every os.write, os.replace, os.link and
+# os.fsync, and every BEGIN and COMMIT of a session store. At step `at` the child raises OSError (mode
+# "raise": a failing disk) or kills itself with SIGKILL (mode "kill": a crash); at=0 counts only. The
+# last line of stderr is "FAULT-STEPS n" whenever the child exits by itself.
+_FAULTY = r"""
+import atexit, errno, os, signal, sqlite3, sys
+mode, at, args = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+steps = []
+
+def step(name):
+    steps.append(name)
+    if len(steps) == at:
+        if mode == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise OSError(errno.EIO, f"injected fault at step {at} ({name})")
+
+def counted(module, attr):
+    real = getattr(module, attr)
+    def wrapper(*a, **k):
+        step(attr)
+        return real(*a, **k)
+    setattr(module, attr, wrapper)
+
+for attr in ("write", "replace", "link", "fsync"):
+    counted(os, attr)
+
+class Counted(sqlite3.Connection):
+    def execute(self, sql, *a):
+        head = sql.split(None, 1)[0].upper() if sql.strip() else ""
+        if head in ("BEGIN", "COMMIT"):
+            step(head)
+        return super().execute(sql, *a)
+
+_connect = sqlite3.connect
+def connect(*a, **k):
+    k.setdefault("factory", Counted)
+    return _connect(*a, **k)
+sqlite3.connect = connect
+atexit.register(lambda: sys.stderr.write(f"\nFAULT-STEPS {len(steps)} {' '.join(steps)}\n"))
+from synapolis.cli import main
+main(args)
+"""
+
+
+def run_faulty(state_dir, *args, at: int = 0, mode: str = "raise", input=None,
+               timeout: float = 60) -> subprocess.CompletedProcess:
+    """The CLI on `state_dir` with a fault at step `at` (see _FAULTY); returncode -9 when killed."""
+    return subprocess.run([sys.executable, "-c", _FAULTY, mode, str(at), "--state-dir", str(state_dir),
+                           *map(str, args)], input=input, capture_output=True, text=True, timeout=timeout,
+                          env=_cli_env())
+
+
+def fault_steps(out: subprocess.CompletedProcess) -> int:
+    """How many steps a run of run_faulty counted."""
+    for line in reversed(out.stderr.splitlines()):
+        if line.startswith("FAULT-STEPS "):
+            return int(line.split()[1])
+    raise AssertionError(f"no step count: {out.stderr[-1000:]}")
 
 
 @pytest.fixture

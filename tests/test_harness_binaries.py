@@ -3,9 +3,13 @@ the same per-hook hash and trust status that `doctor` computes, before and after
 Gemini CLI, pointed at a local stand-in for the model API, runs the installed SessionStart hook and
 sends its context to the model in a trusted folder with hooks on, and not otherwise, as doctor says.
 
-Needs the binaries from npm (`@openai/codex`, `@google/gemini-cli`): $SYNAPOLIS_TEST_CODEX and
-$SYNAPOLIS_TEST_GEMINI, or `codex` / `gemini` on PATH (.ci/setup.d/50-harnesses.sh installs the pinned
-versions in CI when npm is there); each test is skipped without its binary.
+Claude Code, pointed at a stand-in for the Messages API, passes a hook's context whole up to exactly
+10,000 UTF-16 code units and cuts it past that, and delivers synapolis's signals whole or not at all.
+
+Needs the binaries from npm (`@openai/codex`, `@google/gemini-cli`, `@anthropic-ai/claude-code`):
+$SYNAPOLIS_TEST_CODEX, $SYNAPOLIS_TEST_GEMINI and $SYNAPOLIS_TEST_CLAUDE, or `codex` / `gemini` /
+`claude` on PATH (.ci/setup.d/50-harnesses.sh installs the pinned versions in CI when npm is there);
+each test is skipped without its binary.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ CODEX = os.environ.get("SYNAPOLIS_TEST_CODEX") or shutil.which("codex")
 GEMINI = os.environ.get("SYNAPOLIS_TEST_GEMINI") or shutil.which("gemini")
 needs_codex = pytest.mark.skipif(not CODEX, reason="no Codex binary (set SYNAPOLIS_TEST_CODEX or put codex on PATH)")
 needs_gemini = pytest.mark.skipif(not GEMINI, reason="no Gemini CLI (set SYNAPOLIS_TEST_GEMINI or put gemini on PATH)")
+CLAUDE = os.environ.get("SYNAPOLIS_TEST_CLAUDE") or shutil.which("claude")
+needs_claude = pytest.mark.skipif(not CLAUDE, reason="no Claude Code (set SYNAPOLIS_TEST_CLAUDE or put claude on PATH)")
 
 
 def codex_hooks_list(project, codex_home) -> dict:
@@ -84,8 +90,8 @@ def test_codex_itself_agrees_on_hashes_and_trust(tmp_path, harness_home, monkeyp
 
 
 class ModelStandIn:
-    """A local stand-in for the Gemini API: records each request body and refuses it (400), so the CLI
-    stops after its first turn; what the model would have been sent is what the test reads."""
+    """A local stand-in for a model API (Gemini's, Anthropic's): records each request body and refuses it
+    (400), so the CLI stops after its first turn; what the model would have been sent is what the test reads."""
 
     def __init__(self):
         bodies = self.bodies = []
@@ -93,7 +99,8 @@ class ModelStandIn:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):
                 bodies.append(self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode("utf-8", "replace"))
-                out = json.dumps({"error": {"code": 400, "message": "stand-in", "status": "INVALID_ARGUMENT"}}).encode()
+                out = json.dumps({"type": "error", "error": {"code": 400, "type": "invalid_request_error",
+                                                              "message": "stand-in", "status": "INVALID_ARGUMENT"}}).encode()
                 self.send_response(400)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(out)))
@@ -151,3 +158,67 @@ def test_gemini_runs_the_installed_hooks_exactly_when_doctor_says_so(tmp_path, h
     failed = [f for f in doctor.check_harness(project, "gemini-cli") if f["status"] == "fail"]
     assert ran == (case == "trusted") and bool(failed) == (case != "trusted"), (case, failed)
     assert (tmp_path / "state" / "heartbeats").is_dir() == ran
+
+
+def run_claude(project, home, state_dir, model, *args) -> str:
+    """One `claude -p` turn in `project`: everything the model was sent, joined (JSON-escaped as sent)."""
+    env = {**os.environ, "HOME": str(home), "ANTHROPIC_API_KEY": "sk-ant-stand-in", "ANTHROPIC_BASE_URL": model.url,
+           "SYNAPOLIS_STATE_DIR": str(state_dir)}
+    subprocess.run([CLAUDE, "-p", "hello", *args], cwd=project, env=env, capture_output=True, timeout=120,
+                   stdin=subprocess.DEVNULL)
+    assert model.bodies, "claude never called the model stand-in"
+    return "\n".join(json.loads(json.dumps(b)) for b in model.bodies)
+
+
+def claude_project(tmp_path):
+    project = tmp_path / "project"
+    (project / ".git").mkdir(parents=True)
+    (project / ".claude").mkdir()
+    home = tmp_path / "claude-home"
+    home.mkdir()
+    return project, home
+
+
+@needs_claude
+@pytest.mark.parametrize("units, whole", [(10_000, True), (10_001, False)])
+def test_claude_code_counts_a_hooks_context_in_utf16_units_up_to_10000(tmp_path, model, units, whole):
+    project, home = claude_project(tmp_path)
+    emitter = project / "emit.py"
+    # '<<', 4,990 emoji (9,980 units but only 4,990 characters), '>>', x's, and a marker: `units` in all
+    emitter.write_text("import json\n"
+                       f"text = '<<' + chr(0x1F600) * 4990 + '>>' + 'x' * {units - 9988} + 'TAIL'\n"
+                       "print(json.dumps({'hookSpecificOutput': {'hookEventName': 'SessionStart', "
+                       "'additionalContext': text}}))\n")
+    settings = {"hooks": {"SessionStart": [{"hooks": [{"type": "command", "command": f"python3 {emitter}"}]}]}}
+    (project / ".claude" / "settings.json").write_text(json.dumps(settings))
+    sent = run_claude(project, home, tmp_path / "state", model)
+    assert ("xTAIL" in sent) == whole
+
+
+@needs_claude
+def test_claude_code_gets_synapolis_signals_whole_or_not_at_all(tmp_path, model):
+    import uuid
+
+    from synapolis import actions, hooks
+    from synapolis.identity import Who
+    from synapolis.workspace import Workspace
+
+    project, home = claude_project(tmp_path)
+    hook_install.install("claude-code", project)
+    state_dir = tmp_path / "state"
+    conversation = str(uuid.uuid4())
+    start = json.dumps({"session_id": conversation, "hook_event_name": "SessionStart", "cwd": str(project)})
+    me = hooks.handle("claude-code", start, state_dir=state_dir, env={})["agent_id"]
+    ws = Workspace.open(state_dir)
+    actions.start(ws, agent_id="bob", env={}, write_identity=False)
+    fits = actions.signal(ws, Who("bob"), me, "\U0001F680" * 4000 + "FITS-END", env={})["signal"]
+    sent = run_claude(project, home, state_dir, model, "--session-id", conversation)
+    assert "synapolis: you are agent " + me in sent and "FITS-END" in sent  # 8,000+ units, shown whole
+    too_big = actions.signal(ws, Who("bob"), me, "\U0001F680" * 5100 + "BIG-END", env={})["signal"]
+    model.bodies.clear()
+    sent = run_claude(project, home, state_dir, model, "--resume", conversation)
+    assert "BIG-END" not in sent and too_big["id"][:12] in sent and "not shown here" in sent
+    state = json.loads((state_dir / "hooks" / f"{hooks.agent_id_for('claude-code', conversation, env={})}.json").read_text())
+    pending = actions.signals_pending(ws, Who(me, session_id=state["session_id"], run_token=state["run_token"]),
+                                      env={})["pending_signals"]
+    assert [s["id"] for s in pending] == [too_big["id"]] and fits["id"] not in [s["id"] for s in pending]

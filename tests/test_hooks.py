@@ -220,15 +220,14 @@ def test_an_acked_signal_is_never_offered_again(hws):
 def test_output_stays_under_the_cap_and_never_cuts_a_signal(hws):
     me = run(hws, "claude-code", "SessionStart")["agent_id"]
     send = sender(hws)
-    # quotes and newlines cost double once JSON-escaped: the cap is on what the harness receives
+    # Claude Code counts the parsed context (quotes and newlines once each), in UTF-16 code units
     sent = [send(me, f"signal {i} " + ('"quoted"\n' * 60)) for i in range(25)]
     seen, rounds = [], 0
     while len(seen) < len(sent) and rounds < 10:
         rounds += 1
         result = run(hws, "claude-code", "PostToolUse")
-        printed = json.dumps(result["output"], ensure_ascii=False)
-        assert len(printed) < 10_000
         text = context(result)
+        assert len(text.encode("utf-16-le")) // 2 <= 10_000
         for s in sent:
             if s["id"] in result["delivered"]:
                 assert s["content"] in text  # whole, never half
@@ -444,11 +443,11 @@ def test_a_real_process_answers_in_the_harness_shape(cli, hws):
 # -- each harness's own budget, counted its own way (issue 12 item 4, issue 11 item 7) --------------
 
 def printed_cost(harness: str, result) -> int:
-    """What the harness measures: Claude Code the printed answer in UTF-16 code units, Codex the context's
-    UTF-8 bytes, Gemini CLI the context in UTF-16 code units once it has escaped < and >."""
+    """What the harness measures: Claude Code the context in UTF-16 code units, Codex its UTF-8 bytes,
+    Gemini CLI its UTF-16 code units once it has escaped < and >."""
     text = context(result)
     if harness == "claude-code":
-        return len((json.dumps(result["output"], ensure_ascii=False) + "\n").encode("utf-16-le")) // 2
+        return len(text.encode("utf-16-le")) // 2
     if harness == "codex":
         return len(text.encode("utf-8"))
     return len(text.replace("<", "&lt;").replace(">", "&gt;").encode("utf-16-le")) // 2

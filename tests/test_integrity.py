@@ -337,3 +337,21 @@ def test_a_malformed_name_is_refused_before_the_state_directory_exists(state_dir
     out = cli(*args)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
     assert not state_dir.exists()
+
+
+def test_a_claim_whose_event_was_lost_in_a_crash_is_logged_by_the_next_change(ws):
+    # a writer killed after replacing the claim file, before appending its event (tests/test_faults.py
+    # finds that step by counting): the file's transition knows where its line belongs
+    from synapolis import claims
+
+    claims.claim(ws, "job", "alice")
+    claims.claim(ws, "other", "alice")
+    log = ws.paths.claims_log
+    lines = log.read_bytes().splitlines(keepends=True)
+    log.write_bytes(lines[0])  # the second claim's line never made it
+    claims.release(ws, "other", "alice")
+    events = jsonl_is_whole(log)
+    assert [(e["item"], e["event"], e.get("recovered")) for e in events] == [
+        ("job", "claimed", None), ("other", "claimed", True), ("other", "released", None)]
+    claims.release(ws, "other", "alice")  # nothing to change, nothing missing: nothing logged
+    assert len(jsonl_is_whole(log)) == 3

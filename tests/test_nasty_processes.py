@@ -13,45 +13,17 @@ import time
 
 import pytest
 
+from conftest import Holder
 from synapolis import actions, atomic, heartbeat
 from synapolis.errors import BusyError
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="flock, FIFOs and SIGKILL are POSIX")
+from conftest import console_script
 
-_LOCK_HOLDER = """
-import fcntl, os, sys, time
-fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
-fcntl.flock(fd, fcntl.LOCK_EX)
-print("holding", flush=True)
-time.sleep(120)
-"""
-_DB_HOLDER = """
-import sqlite3, sys, time
-conn = sqlite3.connect(sys.argv[1], isolation_level=None)
-conn.execute("BEGIN IMMEDIATE")
-print("holding", flush=True)
-time.sleep(120)
-"""
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="flock, FIFOs and SIGKILL are POSIX")
 
 
 def _env() -> dict:
     return {k: v for k, v in os.environ.items() if not k.startswith("SYNAPOLIS_")}
-
-
-class Holder:
-    """A child process holding something (a lock, a write transaction) until the `with` ends."""
-
-    def __init__(self, script: str, target):
-        self.proc = subprocess.Popen([sys.executable, "-c", script, str(target)], stdout=subprocess.PIPE, text=True,
-                                     env=_env())
-
-    def __enter__(self):
-        assert self.proc.stdout.readline().strip() == "holding"
-        return self
-
-    def __exit__(self, *exc):
-        self.proc.kill()
-        self.proc.wait(timeout=10)
 
 
 def timed(cli, *args, **kw):
@@ -72,7 +44,7 @@ def session(ws):
 def test_every_verb_on_a_locked_store_is_exit_8_and_hooks_exit_0(ws, cli, session):
     alice = ["--agent-id", "alice", "--session-id", session]
     assert cli("claim", "item", *alice).returncode == 0
-    with Holder(_DB_HOLDER, ws.paths.session_db(session)):
+    with Holder.store(ws.paths.session_db(session)):
         # (signal, ack-signals and start: tests/test_signals_processes.py)
         for args in (["beat", *alice], ["read-signals", *alice], ["whiteboard-write", "k", "v", *alice],
                      ["tired", *alice]):
@@ -93,7 +65,7 @@ def test_every_verb_on_a_locked_store_is_exit_8_and_hooks_exit_0(ws, cli, sessio
 def test_a_stuck_lock_holder_is_busy_not_a_hang(ws, cli, session):
     # before: every blocking flock waited forever for a stopped or hung holder
     alice = ["--agent-id", "alice", "--session-id", session]
-    with Holder(_LOCK_HOLDER, ws.paths.lock("heartbeat.alice")):
+    with Holder.flock(ws.paths.lock("heartbeat.alice")):
         out, took = timed(cli, "beat", *alice, "--json")
         assert out.returncode == 8, out.stderr
         assert json.loads(out.stdout)["error"]["type"] == "BusyError"
@@ -108,7 +80,7 @@ def test_locks_and_appends_give_up_after_their_timeout(ws, monkeypatch):
     lock = ws.paths.lock("anything")
     lock.parent.mkdir(parents=True, exist_ok=True)
     log = ws.root / "log.jsonl"
-    with Holder(_LOCK_HOLDER, lock), Holder(_LOCK_HOLDER, log):
+    with Holder.flock(lock), Holder.flock(log):
         for attempt in (lambda: atomic.locked(lock).__enter__(), lambda: atomic.locked(lock, timeout=0.1).__enter__(),
                         lambda: atomic.append_jsonl(log, {"a": 1})):
             began = time.monotonic()
@@ -181,8 +153,8 @@ def test_writers_killed_mid_write_leave_nothing_a_later_verb_chokes_on(ws, cli, 
         out = cli(*args, "--json")
         assert out.returncode == 0, (args, out.stderr)
         json.loads(out.stdout)
-    valid = subprocess.run(["validate-heartbeat", "--state-dir", str(ws.root), "--json"], capture_output=True,
-                           text=True, timeout=60, env=_env())
+    valid = subprocess.run([console_script("validate-heartbeat"), "--state-dir", str(ws.root), "--json"],
+                           capture_output=True, text=True, timeout=60, env=_env())
     assert valid.returncode == 0, valid.stdout
     seqs = [n["seq"] for n in json.loads(cli("read-notes", "--limit", "1000", "--json").stdout)["notes"]]
     assert seqs == sorted(set(seqs))  # a torn tail never made two notes share a seq

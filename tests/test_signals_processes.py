@@ -14,6 +14,7 @@ import time
 import pytest
 
 from synapolis import actions
+from synapolis.timeutil import utcnow
 from synapolis.identity import Who
 from synapolis.workspace import Workspace
 
@@ -152,8 +153,10 @@ time.sleep(60)
 @pytest.mark.sqlite_only  # SQLite's file itself (PostgreSQL: tests/test_store_postgres.py)
 def test_a_locked_store_is_exit_8_within_the_busy_timeout(ws, start_agent):
     _set_config(ws.root, busy_timeout_ms=300)
-    sid = start_agent("alice")["session_id"]
-    start_agent("bob")
+    # registered on the machine's clock, which the CLI processes below read: two live agents, so
+    # identity.json names nobody for list-agents (a registry stamp from the future would not be live)
+    sid = start_agent("alice", now=utcnow())["session_id"]
+    start_agent("bob", now=utcnow())
     holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(ws.paths.session_db(sid))],
                               stdout=subprocess.PIPE, text=True, env=_env())
     try:

@@ -299,17 +299,18 @@ class PostgresTransaction(base.Transaction):
         self.cur.execute("UPDATE agents SET last_heartbeat = %s, status = %s WHERE session_id = %s AND id = %s",
                          (stamp, status, self.session_id, agent_id))
 
-    def count_live(self, cutoff, exclude=None):
+    def count_live(self, cutoff, exclude=None, *, ceiling):
         row = self._one("SELECT COUNT(*) AS n FROM agents WHERE session_id = %s AND status = 'active' "
-                        "AND last_heartbeat >= %s AND id IS DISTINCT FROM %s", (self.session_id, cutoff, exclude))
+                        "AND last_heartbeat >= %s AND last_heartbeat <= %s AND id IS DISTINCT FROM %s",
+                        (self.session_id, cutoff, ceiling, exclude))
         return int(row["n"])
 
-    def flag_stale(self, cutoff):
+    def flag_stale(self, cutoff, *, ceiling):
         return self._all("UPDATE agents a SET status = 'stale' FROM agents b "
                          "WHERE a.session_id = %s AND a.status IN ('active', 'idle') "
-                         "AND (a.last_heartbeat IS NULL OR a.last_heartbeat < %s) "
+                         "AND (a.last_heartbeat IS NULL OR a.last_heartbeat < %s OR a.last_heartbeat > %s) "
                          "AND b.session_id = a.session_id AND b.id = a.id "
-                         "RETURNING a.id, b.status, a.last_heartbeat", (self.session_id, cutoff))
+                         "RETURNING a.id, b.status, a.last_heartbeat", (self.session_id, cutoff, ceiling))
 
     def raise_lamport(self, agent_id, value):
         self.cur.execute("UPDATE agents SET lamport = %s WHERE session_id = %s AND id = %s AND lamport < %s",
@@ -526,6 +527,9 @@ class ClaimSlot:
                          (self.item, self.item))
         row = self.cur.fetchone()
         return int(row["top"] or 0)
+
+    def settle(self) -> None:
+        """Nothing to repair: the claim row and its event commit in one transaction."""
 
     def write(self, record: dict, event: dict) -> None:
         import json
