@@ -7,7 +7,7 @@ from datetime import datetime
 
 from .atomic import read_json_or
 from .heartbeat import iter_heartbeat_paths, read_heartbeat
-from .status import effective_status
+from .status import effective_status, file_written_at
 from .timeutil import format_ts, humanize_age, parse_ts, utcnow
 
 ANSI = {"active": "32", "idle": "36", "sleeping": "34", "stopped": "2", "stale": "33", "dead": "31;1",
@@ -35,7 +35,8 @@ def _heartbeat_agents(ws, now: datetime) -> dict:
                  "substrate": doc.get("substrate"), "session_id": doc.get("session_id"), "host": doc.get("host"),
                  "unread": None, "claims": [], "errors": [e["message"] for e in read.errors]}
         if read.valid:
-            verdict = effective_status(doc, now, previous=previous.get(read.agent_id), **ws.config.thresholds)
+            verdict = effective_status(doc, now, previous=previous.get(read.agent_id),
+                                       written_at=lambda p=path: file_written_at(p), **ws.config.thresholds)
             entry["effective_status"], entry["age_s"] = verdict.effective_status, verdict.age_s
         else:
             entry["effective_status"] = "invalid"

@@ -28,11 +28,19 @@ def state_dir(tmp_path):
     return tmp_path / "state"
 
 
+def configure(ws, **values):
+    """Set keys of the state directory's synapolis.json; the Workspace opened again with them."""
+    document = json.loads(ws.paths.config.read_text())
+    document.update(values)
+    ws.paths.config.write_text(json.dumps(document))
+    return Workspace.open(ws.root)
+
+
 # -- the stores (contract §12): the contract tests of these modules run once per store -----------------
 
 # Modules whose tests (those using `ws`) run against SQLite and PostgreSQL; a test that reads the SQLite
 # file itself is marked `sqlite_only`.
-BOTH_STORES = {"test_signals", "test_delivery", "test_sleep", "test_sessions", "test_board", "test_store"}
+BOTH_STORES = {"test_signals", "test_delivery", "test_sleep", "test_sessions", "test_board", "test_signals_processes", "test_store"}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PG_SCRIPT = os.path.join(ROOT, "scripts", "synapolis-test-postgres")
 
@@ -137,6 +145,14 @@ def ws(state_dir, store_kind, request):
     return Workspace.open(state_dir).ensure()
 
 
+def console_script(name: str) -> str:
+    """A console script of this install (`synapolis`, `validate-heartbeat`): the one next to the running
+    interpreter, never a name looked up on PATH, which on a fresh machine finds nothing or another install."""
+    from pathlib import Path
+
+    return str(Path(sys.executable).parent / name)
+
+
 def _cli_env(extra=None):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SYNAPOLIS_")}
     env.update(extra or {})
@@ -160,13 +176,21 @@ def heartbeat_doc(agent_id: str, beat_at: str, **fields) -> dict:
     return {k: v for k, v in doc.items() if v is not None}
 
 
+def set_written_at(path, moment: datetime) -> None:
+    """Give a file the modification time `moment` (what a reader with no memory judges a clock that runs
+    ahead by): a file written at the test's `now` looks written then, whatever the machine's clock says."""
+    os.utime(path, (moment.timestamp(), moment.timestamp()))
+
+
 @pytest.fixture
 def put_heartbeat(ws):
-    """Write a raw heartbeat file (no seq bookkeeping): put_heartbeat(agent_id, beat_at, **fields) -> path."""
-    def put(agent_id: str, beat_at: str, **fields):
+    """Write a raw heartbeat file (no seq bookkeeping), as if written at `written_at` (default NOW):
+    put_heartbeat(agent_id, beat_at, written_at=NOW, **fields) -> path."""
+    def put(agent_id: str, beat_at: str, written_at: datetime = NOW, **fields):
         path = ws.paths.heartbeats / f"{agent_id}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(heartbeat_doc(agent_id, beat_at, **fields)))
+        set_written_at(path, written_at)
         return path
     return put
 
