@@ -17,7 +17,8 @@ from .errors import (AmbiguousIdentityError, ConflictError, ForbiddenError, NoId
                      SynapolisError, UsageError)
 from .heartbeat import check_fields, write_heartbeat
 from .identity import Who
-from .names import check_text, generate_agent_id, validate_agent_id, validate_claim_item, validate_session_id
+from .names import (check_text, generate_agent_id, refuse_reserved, validate_agent_id, validate_claim_item,
+                    validate_session_id)
 from .sessions import (active_sessions, agent_row, create_session, each_store, ensure_session, is_live, read_session,
                        registry_status, reopen_session, session_exists, sessions_of_agent, ts)
 from .store import open_session, store_for
@@ -34,30 +35,43 @@ def _now(now: datetime | None, ws=None) -> datetime:
     return store_for(ws).now() if ws is not None else utcnow()
 
 
-def _same_token(presented: str, stored: str) -> bool:
-    # hmac.compare_digest without hmac, which loads OpenSSL (~6 ms) on every call that presents a
-    # token (every call after `eval "$(synapolis start --export)"`): the same constant-time compare
-    from _operator import _compare_digest
+def _registrations(ws, agent_id: str, skip: str | None = None) -> list[tuple[bool, object]]:
+    """(session active?, registry row) for every registration of `agent_id`, in every session (ended ones
+    too) but `skip`. A store that cannot be read is left out: what it would prove stays unproven."""
+    from .sessions import all_sessions
 
-    # surrogatepass: a token from argv or the environment that is not UTF-8 is simply wrong (exit 7)
-    return _compare_digest(str(presented).encode("utf-8", "surrogatepass"),
-                           str(stored).encode("utf-8", "surrogatepass"))
+    active = {d["session_id"]: d.get("status") == "active" for d in all_sessions(ws)
+              if isinstance(d.get("session_id"), str) and d["session_id"] != skip}
+    found = []
+    for sid, conn in each_store(ws, list(active), skip_broken=True):
+        row = agent_row(conn, agent_id)
+        if row is not None:
+            found.append((active[sid], row))
+    return found
 
 
-def _new_token() -> str:
-    import secrets
+def _proven(ws, caller, row, required: bool) -> bool:
+    """The one identity check (docs/SECURITY.md, "Identity"): may this call act as `caller.agent_id`?
 
-    return secrets.token_hex(16)
-
-
-def _check_token(ws, caller, row, mutation: bool) -> None:
-    """A presented token must match (always, exit 7); with require_run_token a mutation must present one."""
+    A presented run token must be the agent's: the one of its registration in the caller's session
+    (`row`), or, when it is not registered there (a bare beat, a claim naming a session of the caller's
+    choosing), the one of any of its registrations anywhere; otherwise ForbiddenError (exit 7), always.
+    Without a token: with require_run_token, a verb that needs its caller is refused (exit 7) and a
+    reader that needs none acts as nobody (False: it refreshes and delivers nothing); with tokens off,
+    the name is the identity and the call goes ahead.
+    """
     if caller.run_token is not None:
-        if not _same_token(caller.run_token, row["run_token"]):
-            raise ForbiddenError(f"wrong run token for agent {caller.agent_id} in session {caller.session_id}")
-    elif mutation and ws.config.require_run_token:
-        raise ForbiddenError(f"require_run_token is on: agent {caller.agent_id} must present its run token "
-                             "(--run-token or SYNAPOLIS_RUN_TOKEN)")
+        stored = [row] if row is not None else [r for _active, r in _registrations(ws, caller.agent_id)]
+        if not any(identity.token_matches(caller.run_token, r["run_token"]) for r in stored):
+            where = f"in session {caller.session_id}" if row is not None else "in any session"
+            raise ForbiddenError(f"wrong run token for agent {caller.agent_id} {where}")
+        return True
+    if not ws.config.require_run_token:
+        return True
+    if not required:
+        return False
+    raise ForbiddenError(f"require_run_token is on: agent {caller.agent_id} must present its run token "
+                         "(--run-token or SYNAPOLIS_RUN_TOKEN; `synapolis start` gives one)")
 
 
 class AgentCall:
@@ -372,10 +386,14 @@ def long_lived(live: LongLived | None):
 def as_agent(ws, who: Who | None = None, *, env=None, piggyback: bool = True, method: str = "piggyback",
              mutation: bool = True, required: bool = True, need_session: bool = True,
              need_registration: bool = True, now: datetime | None = None, live: LongLived | None = None):
-    """Resolve the caller (§3), check its run token, yield an AgentCall; on leaving, refresh it.
+    """Resolve the caller (§3), prove it (`_proven`: the one identity check), yield an AgentCall; on
+    leaving, refresh it.
 
-    `required=False` (read-only verbs) yields None when no identity resolves, it is ambiguous, or the
-    agent is not registered in the session; a wrong run token is refused even then. `live` (default: the
+    `required=False` (read-only verbs) yields None when no identity resolves, it is ambiguous, the
+    agent is not registered in the session, or (require_run_token) it presented no token; a wrong run
+    token is refused even then. `mutation` says the verb writes (the state directory is created for
+    it); every verb that acts as an agent is checked alike, since each refreshes the caller's
+    heartbeat and hands out its signals. `live` (default: the
     one `long_lived` set, normally none) reuses what a long-lived process keeps and may coalesce a pure
     refresh; without it every call resolves, opens and writes afresh.
     """
@@ -400,14 +418,13 @@ def as_agent(ws, who: Who | None = None, *, env=None, piggyback: bool = True, me
             if store is not None:
                 with store.read() as conn:
                     row = agent_row(conn, caller.agent_id)
-        if row is None and need_registration:
-            if not required:
-                yield None
-                return
+        if row is None and need_registration and required:
             raise NoIdentityError(f"agent {caller.agent_id} is not registered in session {caller.session_id}: "
                                   f"run `synapolis start --agent-id {caller.agent_id} --session-id {caller.session_id}`")
-        if row is not None:
-            _check_token(ws, caller, row, mutation)
+        # a reader that finds its caller unregistered reads as nobody, but a wrong token is refused first
+        if not _proven(ws, caller, row, required) or (row is None and need_registration):
+            yield None
+            return
         if mutation or row is not None:
             if live is not None:
                 live.ensure(ws, now)
@@ -448,6 +465,19 @@ def _choose_session(ws, session_id, new_session, now) -> tuple[str, bool]:
     return create_session(ws, None, now), True
 
 
+def _may_join(ws, agent_id: str, run_token: str | None, elsewhere: list, now: datetime) -> None:
+    """Whether `start` may register `agent_id` in one more session, given its registrations `elsewhere`:
+    a presented token must be one of theirs (exit 7); with none presented (require_run_token), the id
+    must not be live in another active session (exit 3: it is active elsewhere); a stale one is free."""
+    if run_token is not None:
+        if not any(identity.token_matches(run_token, row["run_token"]) for _active, row in elsewhere):
+            raise ForbiddenError(f"wrong run token for agent {agent_id}: it matches none of its registrations")
+        return
+    if any(active and is_live(row, now, ws.config) for active, row in elsewhere):
+        raise ConflictError(f"agent {agent_id} is active in another session: present its run token to join "
+                            "this one as well, or pick another --agent-id")
+
+
 def start(ws, *, agent_id: str | None = None, session_id: str | None = None, harness: str | None = None,
           substrate: str | None = None, conversation_id: str | None = None, run_token: str | None = None,
           new_session: bool = False, deterministic_id: bool = False, env=None, piggyback: bool = True,
@@ -479,28 +509,38 @@ def start(ws, *, agent_id: str | None = None, session_id: str | None = None, har
             check_text(value, what)
     if agent_id is None:
         agent_id = generate_agent_id(substrate, harness, conversation_id, deterministic=deterministic_id)
+    refuse_reserved(agent_id)
     ws.ensure()
     with locked(ws.paths.lock("sessions")):  # two first agents must not each create a session
         session_id, created = _choose_session(ws, session_id, new_session, now)
+    # the id's registrations in other sessions: an id is one agent across the state directory (one
+    # heartbeat file, claims held by name), so joining another session must not mint a second token
+    # for someone else's id (docs/SECURITY.md)
+    elsewhere = _registrations(ws, agent_id, skip=session_id) \
+        if run_token is not None or ws.config.require_run_token else []
     with open_session(ws, session_id) as store, store.write() as conn:
         row = agent_row(conn, agent_id)
         stamp = ts(now)
+        if row is None and elsewhere:
+            _may_join(ws, agent_id, run_token, elsewhere, now)
         if row is not None:
             if run_token is not None:
-                if not _same_token(run_token, row["run_token"]):
+                if not identity.token_matches(run_token, row["run_token"]):
                     raise ForbiddenError(f"wrong run token for agent {agent_id} in session {session_id}")
-                token, how = row["run_token"], "reclaimed"
+                token, how = run_token, "reclaimed"
             elif is_live(row, now, ws.config):
                 age = (now - parse_ts(row["last_heartbeat"])).total_seconds()
                 raise ConflictError(
                     f"agent {agent_id} is already active in session {session_id} (last heartbeat "
                     f"{humanize_age(age)}): present its run token to reclaim it, or pick another --agent-id")
             else:
-                token, how = _new_token(), "taken_over"
-            conn.restart_agent(agent_id, harness=harness, substrate=substrate or "", stamp=stamp, run_token=token)
+                token, how = identity.new_token(), "taken_over"
+            conn.restart_agent(agent_id, harness=harness, substrate=substrate or "", stamp=stamp,
+                               run_token=identity.hash_token(token))
         else:
-            token, how = run_token or _new_token(), "joined"
-            conn.register_agent(agent_id, harness=harness, substrate=substrate or "", stamp=stamp, run_token=token)
+            token, how = run_token or identity.new_token(), "joined"
+            conn.register_agent(agent_id, harness=harness, substrate=substrate or "", stamp=stamp,
+                                run_token=identity.hash_token(token))
         pending, remaining = sig.drain_page(conn, agent_id, "startup_drain", now, ws.config,
                                             limit=sig.PIGGYBACK_LIMIT, budget_chars=sig.PIGGYBACK_BUDGET_CHARS) \
             if piggyback else ([], 0)
@@ -594,7 +634,11 @@ def ack_signals(ws, who: Who | None, ids, *, all: bool = False, env=None, piggyb
         call.beat_now()  # outside the write lock: the file write need not serialize writers
         with call.store.write() as conn:
             acked = sig.ack(conn, call.agent_id, ids, call.now, all_visible=all)
-            return call.finish({"acked": acked}, conn)
+            # bounded like every answer: `--all` over a backlog of 100,000 would list 6 MB of ids
+            return call.finish({"acked": acked[:ACKED_SHOWN], "acked_count": len(acked)}, conn)
+
+
+ACKED_SHOWN = 1000  # ids an ack answer lists (the oldest); `acked_count` says how many were acked
 
 
 def signals_pending(ws, who: Who | None = None, *, env=None, method: str = "poll", limit: int | None = None,
@@ -641,8 +685,9 @@ def follow_signals(ws, who: Who | None = None, *, unread_only: bool = True, limi
                    stop=None, safety_wait_s: float = 5.0):
     """Yield the caller's signals, then each new one as it is stored, until `stop` (an Event) is set.
 
-    New signals are noticed by watching the session folder (synapolis.watching: inotify where the
-    system has it, polling otherwise); `safety_wait_s` re-checks in case an event was missed.
+    New signals are noticed by the store's push (PostgreSQL's LISTEN/NOTIFY), or by watching the session
+    folder (synapolis.watching: inotify where the system has it, polling otherwise); `safety_wait_s`
+    re-checks in case an event was missed.
     """
     import threading
 
@@ -659,7 +704,11 @@ def follow_signals(ws, who: Who | None = None, *, unread_only: bool = True, limi
         if not event.is_directory:
             changed.set()
 
-    observer = start_observer(event_handler(on_event), ws.paths.session_dir(session), poll_interval_s=0.5)
+    # a shared store pushes (LISTEN/NOTIFY); the SQLite store's session folder is watched
+    listener_stop = threading.Event()
+    listener = store_for(ws).listen(lambda sid: changed.set() if sid in (None, session) else None, listener_stop)
+    observer = None if listener is not None else \
+        start_observer(event_handler(on_event), ws.paths.session_dir(session), poll_interval_s=0.5)
     try:
         with open_session(ws, session) as store:
             while not stop.is_set():
@@ -673,7 +722,9 @@ def follow_signals(ws, who: Who | None = None, *, unread_only: bool = True, limi
                     last = max(last, item["sequence"])
                     yield item
     finally:
-        stop_observer(observer)
+        listener_stop.set()
+        if observer is not None:
+            stop_observer(observer)
 
 
 def warn_sessions(ws, incident: dict, now: datetime | None = None) -> list[dict]:
@@ -822,11 +873,20 @@ def whiteboard_write(ws, who: Who | None, key: str, value: str, *, env=None, pig
             return call.finish({"entry": entry}, conn)
 
 
+WHITEBOARD_PAGE = 100  # entries in one answer without a key
+WHITEBOARD_BUDGET_CHARS = 48 * 1024
+
+
 def whiteboard_read(ws, who: Who | None = None, key: str | None = None, *, session_id: str | None = None,
-                    env=None, piggyback: bool = True, now: datetime | None = None) -> dict:
-    """One whiteboard entry (`entry`; NotFoundError when missing) or all of them (`entries`)."""
+                    after: str | None = None, limit: int | None = None, env=None, piggyback: bool = True,
+                    now: datetime | None = None) -> dict:
+    """One whiteboard entry (`entry`; NotFoundError when missing), or a page of them by key (`entries`, the
+    keys after `after`: at most `limit` (100) and 48 KB, with `remaining` and `next_after`)."""
     if key is not None:
         board.check_key(key)
+    if after is not None:
+        board.check_key(after)
+    _check_limit(limit)
     with as_agent(ws, _who(who, session_id), env=env, piggyback=piggyback, mutation=False, required=False,
                   now=now) as call:
         scope = _read_scope(ws, call, session_id)
@@ -836,9 +896,24 @@ def whiteboard_read(ws, who: Who | None = None, key: str | None = None, *, sessi
             return _finish_read(call, {"entries": [], "session_id": None})
         with open_session(ws, scope[0]) as store, store.read() as conn:
             result = {"entry": board.read_entry(conn, key)} if key is not None else \
-                {"entries": board.read_entries(conn)}
+                _entries_page(board.read_entries(conn), after, WHITEBOARD_PAGE if limit is None else limit)
         result["session_id"] = scope[0]
         return _finish_read(call, result)
+
+
+def _entries_page(entries: list[dict], after: str | None, limit: int) -> dict:
+    """The entries (sorted by key) after `after` that fit `limit` and the budget (at least one)."""
+    import json
+
+    rest = [e for e in entries if after is None or e["key"] > after]
+    page, used = [], 0
+    for entry in rest[:limit]:
+        used += len(json.dumps(entry["value"])) + len(entry["key"]) + 120
+        if page and used > WHITEBOARD_BUDGET_CHARS:
+            break
+        page.append(entry)
+    remaining = len(rest) - len(page)
+    return {"entries": page, "remaining": remaining, "next_after": page[-1]["key"] if remaining else None}
 
 
 # -- claims (contract §9; the lock helper itself is synapolis.claims) ------------------------------

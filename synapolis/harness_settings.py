@@ -87,8 +87,7 @@ def codex_hooks(hooks_file: Path, document: dict, is_ours) -> list[dict]:
     return found
 
 
-def load_toml(path: Path) -> dict | None:
-    """The TOML document at `path`; None when missing; UsageError when unreadable or not TOML."""
+def _tomllib(path: Path):
     try:
         import tomllib  # Python 3.11+
     except ModuleNotFoundError:  # pragma: no cover - 3.10
@@ -96,6 +95,12 @@ def load_toml(path: Path) -> dict | None:
             import tomli as tomllib
         except ModuleNotFoundError:
             raise UsageError(f"cannot read {path}: reading TOML needs Python 3.11 or the tomli package") from None
+    return tomllib
+
+
+def load_toml(path: Path) -> dict | None:
+    """The TOML document at `path`; None when missing; UsageError when unreadable or not TOML."""
+    tomllib = _tomllib(path)
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -227,8 +232,7 @@ def trust_codex_hooks(config_path: Path, hooks: list[dict]) -> list[str]:
     for hook in hooks:
         expected.setdefault("hooks", {}).setdefault("state", {}).setdefault(hook["key"], {})["trusted_hash"] = hook["hash"]
     try:
-        import tomllib
-        after = tomllib.loads(text)
+        after = _tomllib(config_path).loads(text)
     except Exception:  # noqa: BLE001 - any failure means the edit cannot be trusted
         after = None
     if after != expected:

@@ -6,12 +6,56 @@ import os
 
 from .atomic import atomic_write_json, read_json
 from .errors import AmbiguousIdentityError, NoIdentityError, UsageError
-from .names import validate_agent_id, validate_session_id
+from .names import is_reserved, refuse_reserved, sha256, validate_agent_id, validate_session_id
 from .timeutil import utcnow
 
 ENV_AGENT = "SYNAPOLIS_AGENT_ID"
 ENV_SESSION = "SYNAPOLIS_SESSION_ID"
 ENV_TOKEN = "SYNAPOLIS_RUN_TOKEN"
+# what the store keeps of a run token: this prefix and the token's SHA-256 (docs/SECURITY.md)
+TOKEN_HASH_PREFIX = "sha256:"
+
+
+# -- run tokens --------------------------------------------------------------------------------------
+
+def new_token() -> str:
+    """A fresh run token: 128 random bits as hex (what secrets.token_hex(16) returns, without loading
+    secrets, hmac and OpenSSL on the start path)."""
+    return os.urandom(16).hex()
+
+
+def hash_token(token: str) -> str:
+    """What the store keeps of a run token. The program only ever compares a presented token with it, so
+    a copy of session.db (a backup, another user who can read it) never yields a token to act with."""
+    # surrogatepass: a token from argv or the environment that is not UTF-8 hashes to something that
+    # matches nothing (exit 7), rather than failing to encode
+    return TOKEN_HASH_PREFIX + sha256(str(token).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def is_hashed(stored) -> bool:
+    return isinstance(stored, str) and stored.startswith(TOKEN_HASH_PREFIX)
+
+
+def token_matches(presented, stored) -> bool:
+    """Whether the `presented` run token is the one `stored` in a registry row (hashed, or in clear in a
+    database an older synapolis wrote and no newer one has opened yet).
+
+    Hashed: the two SHA-256 digests are compared. Their comparison need not take constant time: what
+    timing could reveal is how far two digests agree, which leads at best to the stored digest (what
+    session.db holds anyway), never to a token, since finding one from its digest is a preimage. The
+    clear form is compared with hmac.compare_digest; only that path pays for loading it (OpenSSL,
+    ~5 ms, which every call presenting a token would otherwise pay: tests/test_startup.py).
+    """
+    if not isinstance(presented, str) or not isinstance(stored, str) or not stored:
+        return False
+    if is_hashed(stored):
+        return hash_token(presented) == stored
+    import hmac
+
+    return hmac.compare_digest(presented.encode("utf-8", "surrogatepass"), stored.encode("utf-8", "surrogatepass"))
+
+
+# -- the caller ---------------------------------------------------------------------------------------
 
 
 class _Record:
@@ -143,6 +187,10 @@ def resolve(ws, who: Who | None = None, env=None, required: bool = True, need_se
             return None
         raise NoIdentityError("no identity: pass --agent-id and --session-id, set SYNAPOLIS_AGENT_ID, "
                               "or run `synapolis start`")
+    if is_reserved(agent):
+        if source == "identity.json" and not required:
+            return None  # a planted identity.json makes a reader act as nobody, not as the system
+        refuse_reserved(agent, "agent id" if source != "identity.json" else "identity.json agent_id")
     if source == "identity.json":
         try:
             validate_agent_id(agent, "identity.json agent_id")

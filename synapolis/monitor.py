@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 import re
@@ -11,9 +13,9 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from .atomic import atomic_write_bytes, atomic_write_json, is_temp_name, locked, read_json_or
-from .heartbeat import iter_heartbeat_paths, read_heartbeat
-from .status import EFFECTIVE_STATUSES, effective_status
+from .atomic import atomic_write_bytes, atomic_write_json, is_temp_name, json_names, locked, read_json_or
+from .heartbeat import read_heartbeat
+from .status import EFFECTIVE_STATUSES, effective_status, file_written_at
 from .timeutil import UTC, format_ts, parse_ts, utcnow
 
 SCHEMA_VERSION = 1
@@ -48,7 +50,8 @@ def derive_monitor(reads, previous_doc, now: datetime, config, held: dict | None
     agents, transitions = [], []
     for read in sorted(reads, key=lambda r: r.agent_id):
         prev = before.get(read.agent_id)
-        verdict = effective_status(read.doc if read.valid else None, now, previous=prev, **thresholds)
+        verdict = effective_status(read.doc if read.valid else None, now, previous=prev,
+                                   written_at=lambda path=read.path: file_written_at(path), **thresholds)
         status = verdict.effective_status
         doc = read.doc if read.valid else {}
         carried = prev.get("since") if prev and prev.get("effective_status") == status else None
@@ -88,8 +91,27 @@ def derive_monitor(reads, previous_doc, now: datetime, config, held: dict | None
 
 
 def read_all_heartbeats(paths) -> list:
-    """Every heartbeat file (temp files of crashed writers skipped), read and quick-checked."""
-    return [read_heartbeat(path) for path in iter_heartbeat_paths(paths.heartbeats)]
+    """Every heartbeat file (temp files of crashed writers skipped), read and quick-checked.
+
+    Paths as plain strings (os.path.join), not pathlib: building and printing a Path per file was a
+    fifth of a pass over 20,000 files. The same files, in the same order, as iter_heartbeat_paths.
+    """
+    folder = os.fspath(paths.heartbeats)
+    return [read_heartbeat(os.path.join(folder, name)) for name in json_names(folder)]
+
+
+@contextlib.contextmanager
+def _no_gc_pauses():
+    """The cyclic garbage collector off for one pass (on again after, as it was): a pass makes tens of
+    thousands of acyclic dicts, and each full collection walks all of them, so with the collector on
+    a pass grew faster than the files it reads. Reference counting still frees everything."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def heartbeat_reads(ws) -> list:
@@ -186,6 +208,11 @@ def prune_history(history_dir: Path, keep: int) -> list[Path]:
 def run_monitor(ws, now: datetime | None = None, keep: int | None = None, rotate: bool = True,
                 reads: list | None = None) -> dict:
     """One monitor pass: read every heartbeat, derive, rotate the previous monitor, write; the document."""
+    with _no_gc_pauses():
+        return _run_monitor(ws, now, keep, rotate, reads)
+
+
+def _run_monitor(ws, now, keep, rotate, reads) -> dict:
     now = now or utcnow()
     keep = ws.config.monitor_keep if keep is None else keep
     paths = ws.paths

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 
-from .errors import UsageError
+from .errors import ForbiddenError, UsageError
 from .timeutil import utcnow
 
 try:  # the builtin SHA-256 (ids of agents and signals): hashlib would load OpenSSL, ~6 ms of a CLI call
@@ -21,6 +21,9 @@ _ID_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 _ITEM_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]*$"
 MAX_ID = 128
 MAX_ITEM = 200
+# the names synapolis itself speaks with (the watchdog's warnings come from `synapolis.watchdog`):
+# `synapolis` and everything under it, in any case, so nobody registers one, acts as one or sends as one
+RESERVED_ROOT = "synapolis"
 
 
 def _shown(value) -> str:
@@ -46,6 +49,20 @@ def validate_agent_id(value, what: str = "agent id") -> str:
     if any(part == "" for part in value.split(".")):
         raise UsageError(f"{what} {_shown(value)} has an empty dot-segment (leading, trailing or doubled '.')")
     return value
+
+
+def is_reserved(agent_id: str) -> bool:
+    """True for the names synapolis keeps for itself: `synapolis` and its sub-agents, in any case."""
+    folded = agent_id.lower()
+    return folded == RESERVED_ROOT or folded.startswith(RESERVED_ROOT + ".")
+
+
+def refuse_reserved(agent_id: str, what: str = "agent id") -> str:
+    """`agent_id`, or ForbiddenError (exit 7) when it is one of synapolis's own names."""
+    if is_reserved(agent_id):
+        raise ForbiddenError(f"{what} {_shown(agent_id)} is reserved: synapolis and synapolis.* are the "
+                             "system's own names (its watchdog warns as synapolis.watchdog); pick another")
+    return agent_id
 
 
 def validate_session_id(value, what: str = "session id") -> str:

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from .errors import NotFoundError, SynapolisError
 from .names import generate_session_id, validate_session_id
+from .status import registry_live, registry_window
 from .store import open_session, store_for
 from .timeutil import format_ts, utcnow
 
 # registry statuses (EP-0118's CHECK); a declared `stopped` is `sleeping` there
 REGISTRY_STATUSES = ("active", "idle", "sleeping", "stale")
-LIVE_REGISTRY_STATUSES = ("active", "idle")
 
 
 def registry_status(declared: str) -> str:
@@ -24,14 +24,9 @@ def ts(moment: datetime) -> str:
     return format_ts(moment, micro=True)
 
 
-def fresh_cutoff(now: datetime, config) -> str:
-    """A `last_heartbeat` at or after this string is fresh (younger than stale_after_s)."""
-    return ts(now - timedelta(seconds=float(config.stale_after_s)))
-
-
 def is_live(row, now: datetime, config) -> bool:
-    """A registry row that counts as live: active or idle with a fresh last_heartbeat."""
-    return row["status"] in LIVE_REGISTRY_STATUSES and (row["last_heartbeat"] or "") >= fresh_cutoff(now, config)
+    """A registry row that counts as live: active or idle with a fresh last_heartbeat (status.registry_live)."""
+    return registry_live(row, now, config)
 
 
 def create_session(ws, session_id: str | None = None, now: datetime | None = None) -> str:
@@ -117,12 +112,15 @@ def sessions_of_agent(ws, agent_id: str, active_only: bool = True) -> list[str]:
 
 def count_live_agents(tx, now: datetime, config, exclude: str | None = None) -> int:
     """Agents whose registry status is `active` with a fresh last_heartbeat (EP-0118 §4's count)."""
-    return tx.count_live(fresh_cutoff(now, config), exclude)
+    cutoff, ceiling = registry_window(now, config)
+    return tx.count_live(cutoff, exclude, ceiling=ceiling)
 
 
 def flag_stale_in(tx, now: datetime, config) -> list[dict]:
-    """Inside a write transaction: registry rows `active`/`idle` not heard from in stale_after_s -> `stale`."""
-    rows = tx.flag_stale(fresh_cutoff(now, config))
+    """Inside a write transaction: registry rows `active`/`idle` that are not fresh (status.registry_fresh:
+    not heard from in stale_after_s, or stamped beyond the clock skew) -> `stale`."""
+    cutoff, ceiling = registry_window(now, config)
+    rows = tx.flag_stale(cutoff, ceiling=ceiling)
     return [{"agent_id": r["id"], "from": r["status"], "last_heartbeat": r["last_heartbeat"]} for r in rows]
 
 

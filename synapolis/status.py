@@ -1,11 +1,18 @@
-"""Effective status: the pure decision of what one heartbeat means at time `now` (contract §6)."""
+"""Liveness: what one heartbeat, or one registry row, means at time `now` (contract §6), for every caller.
+
+The monitor, claims (take-over and reaping), list-agents, status, tired's consensus, start's conflict
+check and the watchdog's stale flags all judge through the functions here, so a clock that runs ahead
+is handled the same way everywhere: a moment more than `clock_skew_s` in the future is not taken at its
+word; age runs from when we saw it written instead (`observed_moment`), and a moment we never saw
+written (a registry row) is no evidence of life at all.
+"""
 
 from __future__ import annotations
 
 import os
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from .timeutil import format_ts, parse_ts
+from .timeutil import UTC, format_ts, parse_ts
 
 EFFECTIVE_STATUSES = ("active", "idle", "sleeping", "stopped", "stale", "dead", "invalid")
 HEALTHY = frozenset({"active", "idle", "sleeping", "stopped"})
@@ -29,33 +36,71 @@ class Verdict:
         return f"Verdict({', '.join(f'{k}={getattr(self, k)!r}' for k in self.__slots__)})"
 
 
+def is_skewed(moment: datetime, now: datetime, clock_skew_s: float) -> bool:
+    """True when `moment` lies more than `clock_skew_s` ahead of `now`: its writer's clock is not trusted."""
+    return (moment - now).total_seconds() > clock_skew_s
+
+
+def observed_moment(moment: datetime, now: datetime, clock_skew_s: float,
+                    observed: list | tuple = ()) -> datetime | None:
+    """The moment to age something from, given the `moment` its writer stamped on it.
+
+    Within `clock_skew_s` of `now` (or in the past): the stamp itself. Further ahead, the writer's clock
+    is not trusted: the earliest of the `observed` moments (when we saw it written: the monitor's first
+    sighting of this seq, the file's modification time), each counted only when it is not itself beyond
+    the skew and never later than `now`; None when there is none, and then it is no evidence of life.
+    """
+    if not is_skewed(moment, now, clock_skew_s):
+        return moment
+    seen = [min(m, now) for m in observed if m is not None and not is_skewed(m, now, clock_skew_s)]
+    return min(seen) if seen else None
+
+
+def _first_seen(previous: dict | None, seq) -> datetime | None:
+    """When the previous monitor first saw this `seq` (None: it saw another seq, or has no entry)."""
+    if not previous or previous.get("seq") != seq or not previous.get("seq_first_seen_at"):
+        return None
+    try:
+        return parse_ts(previous["seq_first_seen_at"])
+    except ValueError:
+        return None
+
+
+def _seq_went_back(previous: dict | None, seq) -> bool:
+    before = previous.get("seq") if previous else None
+    return (isinstance(before, int) and not isinstance(before, bool) and isinstance(seq, int)
+            and not isinstance(seq, bool) and seq < before)
+
+
 def effective_status(doc: dict | None, now: datetime, *, stale_after_s: float, dead_after_s: float,
-                     clock_skew_s: float, previous: dict | None = None) -> Verdict:
+                     clock_skew_s: float, previous: dict | None = None, written_at=None) -> Verdict:
     """What a (schema-valid) heartbeat `doc` means at `now`; `doc=None` means invalid.
 
-    `previous` is this agent's entry in the previous monitor document: when `beat_at` lies more
-    than `clock_skew_s` in the future the writer's clock is not trusted, and age runs from when
-    the monitor first saw the current `seq`.
+    `previous` is this agent's entry in the previous monitor document, `written_at` when the file was
+    last written by the filesystem's clock (a datetime, or a function giving one, asked only when it is
+    needed). When `beat_at` lies more than `clock_skew_s` in the future the writer's clock is not
+    trusted, and age runs from the earliest of when the monitor first saw the current `seq` and when the
+    file was written (`observed_moment`): an agent whose clock runs ahead goes stale when it stops
+    writing, whoever asks. A `seq` lower than the one the monitor saw before is the anomaly
+    `seq_backwards` (the file was replaced by an older one, or its writer lost count).
     """
     if doc is None:
         return Verdict("invalid")
     seq = doc.get("seq")
     beat_at = parse_ts(doc["beat_at"])
-    first_seen = None
-    if previous and previous.get("seq") == seq and previous.get("seq_first_seen_at"):
-        try:
-            first_seen = parse_ts(previous["seq_first_seen_at"])
-        except ValueError:
-            first_seen = None
+    first_seen = _first_seen(previous, seq)
     if first_seen is None or first_seen > now:
         first_seen = now
     anomalies = []
-    skew = (beat_at - now).total_seconds()
-    if skew > clock_skew_s:
+    if is_skewed(beat_at, now, clock_skew_s):
         anomalies.append("clock_skew")
-        age = (now - first_seen).total_seconds()
+        written = written_at() if callable(written_at) else written_at
+        since = observed_moment(beat_at, now, clock_skew_s, (first_seen, written))
+        age = (now - since).total_seconds()
     else:
         age = (now - beat_at).total_seconds()
+    if _seq_went_back(previous, seq):
+        anomalies.append("seq_backwards")
     verdict = Verdict("invalid", round(age, 3), format_ts(first_seen), anomalies)
     declared = doc.get("status")
     if declared in ("stopped", "sleeping"):
@@ -71,18 +116,52 @@ def effective_status(doc: dict | None, now: datetime, *, stale_after_s: float, d
     return verdict
 
 
+def file_written_at(path) -> datetime | None:
+    """When the file at `path` was last written, by the filesystem's clock; None when it cannot be said."""
+    try:
+        return datetime.fromtimestamp(os.stat(path).st_mtime, UTC)
+    except (OSError, ValueError, OverflowError):
+        return None
+
+
+def monitor_entry(paths, agent_id: str) -> dict | None:
+    """This agent's entry in the current monitor document (its memory of first sightings), if any."""
+    from .atomic import read_json_or
+
+    document = read_json_or(paths.files.monitor)
+    agents = document.get("agents") if isinstance(document, dict) else None
+    for entry in agents if isinstance(agents, list) else ():
+        if isinstance(entry, dict) and entry.get("agent_id") == agent_id:
+            return entry
+    return None
+
+
 def status_of_doc(doc: dict, now: datetime, config) -> str:
     """The effective status of a heartbeat document that is not a local file (a shared store's copy)."""
     from .heartbeat import quick_check, schema_errors
 
+    received = doc.get("received_at")  # when the store took it in: what a clock running ahead is judged by
     doc = {k: v for k, v in doc.items() if k != "received_at"}
     if not quick_check(doc) and schema_errors(doc):
         return "invalid"
-    return effective_status(doc, now, **config.thresholds).effective_status
+    return effective_status(doc, now, written_at=lambda: _moment_or_none(received), **config.thresholds
+                            ).effective_status
+
+
+def _moment_or_none(stamp) -> datetime | None:
+    try:
+        return parse_ts(stamp)
+    except (TypeError, ValueError):
+        return None
 
 
 def status_of_agent(paths, agent_id: str, now: datetime, config, previous: dict | None = None) -> str:
-    """The effective status of one agent from its heartbeat file at `now`; 'missing' when it has none."""
+    """The effective status of one agent from its heartbeat file at `now`; 'missing' when it has none.
+
+    For callers that keep no memory of their own (claims, list-agents): a heartbeat whose clock runs
+    ahead is judged, as by the monitor, from the monitor's first sighting of its seq and the file's
+    modification time, so its holder goes stale when it stops writing.
+    """
     from .heartbeat import read_heartbeat
 
     path = paths.files.heartbeat(agent_id)
@@ -91,7 +170,11 @@ def status_of_agent(paths, agent_id: str, now: datetime, config, previous: dict 
     read = read_heartbeat(path)
     if not read.valid:
         return "invalid"
-    return effective_status(read.doc, now, previous=previous, **config.thresholds).effective_status
+    thresholds = config.thresholds
+    if previous is None and is_skewed(parse_ts(read.doc["beat_at"]), now, thresholds["clock_skew_s"]):
+        previous = monitor_entry(paths, agent_id)  # only then: most calls never read the monitor
+    return effective_status(read.doc, now, previous=previous, written_at=lambda: file_written_at(path),
+                            **thresholds).effective_status
 
 
 def status_of_agent_anywhere(ws, agent_id: str, now: datetime, copies: dict | None = None) -> str:
@@ -114,3 +197,37 @@ def status_of_agent_anywhere(ws, agent_id: str, now: datetime, copies: dict | No
             copies.setdefault(None, None)  # filled: an empty store is not asked again
         copy = copies.get(agent_id)
     return status_of_doc(copy, now, ws.config) if copy is not None else found
+
+
+# -- the registry (each session's agents table) ---------------------------------------------------------
+
+LIVE_REGISTRY_STATUSES = ("active", "idle")
+# the furthest RFC 3339 moment with microseconds: a ceiling past it never overflows
+_END_OF_TIME = "9999-12-31T23:59:59.999999Z"
+
+
+def registry_window(now: datetime, config) -> tuple[str, str]:
+    """(cutoff, ceiling): a registry `last_heartbeat` is fresh when cutoff <= it <= ceiling.
+
+    The cutoff is `stale_after_s` ago. The ceiling is `clock_skew_s` ahead: a row carries no moment of
+    our own observing, so a stamp further ahead (`observed_moment` gives None) is not evidence of life;
+    it would otherwise count its agent live, block tired's consensus and a restart's take-over, and
+    escape the watchdog's stale flag for as long as the skew. The SQL of the store mirrors this.
+    """
+    cutoff = format_ts(now - timedelta(seconds=float(config.stale_after_s)), micro=True)
+    try:
+        ceiling = format_ts(now + timedelta(seconds=float(config.clock_skew_s)), micro=True)
+    except OverflowError:
+        ceiling = _END_OF_TIME
+    return cutoff, ceiling
+
+
+def registry_fresh(last_heartbeat: str | None, now: datetime, config) -> bool:
+    """Whether a registry row's `last_heartbeat` (the store's fixed-width stamp) is fresh at `now`."""
+    cutoff, ceiling = registry_window(now, config)
+    return bool(last_heartbeat) and cutoff <= last_heartbeat <= ceiling
+
+
+def registry_live(row, now: datetime, config) -> bool:
+    """A registry row that counts as live: `active` or `idle`, with a fresh `last_heartbeat`."""
+    return row["status"] in LIVE_REGISTRY_STATUSES and registry_fresh(row["last_heartbeat"], now, config)

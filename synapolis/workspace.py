@@ -52,7 +52,10 @@ class Workspace:
         """Create the state directory and a default config (idempotent); verbs that write call this."""
         files = self.files
         try:
-            for folder in (files.root, files.heartbeats, files.escalations, files.claims, files.sessions,
+            # the state directory holds identity.json and the sessions' stores: created private
+            # (docs/SECURITY.md); one that exists keeps the mode its owner gave it
+            os.makedirs(files.root, mode=0o700, exist_ok=True)
+            for folder in (files.heartbeats, files.escalations, files.claims, files.sessions,
                            files.monitor_history):
                 os.makedirs(folder, exist_ok=True)
             write_default_config(files.config)

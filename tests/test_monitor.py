@@ -85,7 +85,8 @@ def test_an_agent_whose_clock_runs_ahead_still_goes_stale(ws, put_heartbeat):
     third = mon.run_monitor(ws, now=later(301))
     assert agents_by_id(third)["fast"]["effective_status"] == "stale"
     assert agents_by_id(third)["fast"]["age_s"] == 301
-    put_heartbeat("fast", ago(-7000, later(301)), seq=6)  # it beats again: a new seq restarts the clock
+    # it beats again: a new seq (and a new write) restarts the clock
+    put_heartbeat("fast", ago(-7000, later(301)), seq=6, written_at=later(301))
     fourth = mon.run_monitor(ws, now=later(302))
     assert agents_by_id(fourth)["fast"]["effective_status"] == "active"
 

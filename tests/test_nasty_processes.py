@@ -17,6 +17,8 @@ from conftest import Holder
 from synapolis import actions, atomic, heartbeat
 from synapolis.errors import BusyError
 
+from conftest import console_script
+
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="flock, FIFOs and SIGKILL are POSIX")
 
 
@@ -151,8 +153,8 @@ def test_writers_killed_mid_write_leave_nothing_a_later_verb_chokes_on(ws, cli, 
         out = cli(*args, "--json")
         assert out.returncode == 0, (args, out.stderr)
         json.loads(out.stdout)
-    valid = subprocess.run(["validate-heartbeat", "--state-dir", str(ws.root), "--json"], capture_output=True,
-                           text=True, timeout=60, env=_env())
+    valid = subprocess.run([console_script("validate-heartbeat"), "--state-dir", str(ws.root), "--json"],
+                           capture_output=True, text=True, timeout=60, env=_env())
     assert valid.returncode == 0, valid.stdout
     seqs = [n["seq"] for n in json.loads(cli("read-notes", "--limit", "1000", "--json").stdout)["notes"]]
     assert seqs == sorted(set(seqs))  # a torn tail never made two notes share a seq

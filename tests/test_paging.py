@@ -218,3 +218,37 @@ def test_mcp_answers_are_pages_under_256_kb(backlog, state_dir):
             assert len(json.dumps(inbox)) < 256 * 1024
 
     anyio.run(main)
+
+
+def test_ack_all_over_a_backlog_acks_everything_and_lists_a_bounded_answer(backlog, cli, db_rows):
+    ws, sid = backlog(1100)
+    out = cli("ack-signals", "--all", "--agent-id", "bob")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("acked 1100 signal(s): ") and out.stdout.rstrip().endswith("and 1080 more")
+    assert len(db_rows(sid, "SELECT * FROM signal_reads WHERE agent_id = 'bob'")) == 1100
+    with SessionStore.open(ws, sid) as store, store.write() as conn:
+        for i in range(1100):
+            signals.send(conn, caller="alice", recipient="bob", content=f"more {i}", config=ws.config,
+                         now=NOW, rate_limited=False)
+    answer = actions.ack_signals(ws, Who("bob", sid), None, all=True, env={}, now=NOW)
+    assert answer["acked_count"] == 1100 and len(answer["acked"]) == actions.ACKED_SHOWN
+    assert len(json.dumps(answer)) < 256 * 1024
+
+
+def test_whiteboard_pages_by_key(ws, start_agent, cli):
+    sid = start_agent("alice")["session_id"]
+    for i in range(130):
+        actions.whiteboard_write(ws, Who("alice", sid), f"k{i:03d}", "v" * (2000 if i >= 120 else 10), env={})
+    first = actions.whiteboard_read(ws, Who("alice", sid), env={}, now=NOW)
+    assert [e["key"] for e in first["entries"]] == [f"k{i:03d}" for i in range(100)]
+    assert first["remaining"] == 30 and first["next_after"] == "k099"
+    rest = json.loads(cli("whiteboard-read", "--agent-id", "alice", "--after", "k099", "--limit", "25",
+                          "--json").stdout)
+    assert [e["key"] for e in rest["entries"]] == [f"k{i:03d}" for i in range(100, 125)]
+    assert rest["remaining"] == 5 and rest["next_after"] == "k124"
+    for i in range(30):
+        actions.whiteboard_write(ws, Who("alice", sid), f"big{i:02d}", "x" * 40000, env={})
+    big = actions.whiteboard_read(ws, Who("alice", sid), after="big", env={}, now=NOW)
+    assert len(big["entries"]) == 1 and big["remaining"] == 29 + 130  # 40 KB each: one per 48 KB page
+    text = cli("whiteboard-read", "--agent-id", "alice").stdout
+    assert text.splitlines()[-1] == "-- 159 more entries: `synapolis whiteboard-read --after big00`"

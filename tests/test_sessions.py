@@ -13,6 +13,7 @@ import pytest
 from conftest import NOW
 from synapolis import actions, sessions
 from synapolis.errors import AmbiguousIdentityError, ConflictError, ForbiddenError, UsageError
+from synapolis.identity import hash_token
 from synapolis.store import SessionStore
 
 EP_COLUMNS = {
@@ -113,7 +114,7 @@ def test_conflict_reclaim_and_takeover(start_agent, ws, db_rows):
     taken = start_agent("alice", now=later)
     assert taken["registration"] == "taken_over" and taken["run_token"] != token
     row = db_rows(sid, "SELECT * FROM agents WHERE id = 'alice'")[0]
-    assert row["run_token"] == taken["run_token"] and row["status"] == "active"
+    assert row["run_token"] == hash_token(taken["run_token"]) and row["status"] == "active"  # kept hashed
     # ... and the old token is now wrong
     with pytest.raises(ForbiddenError):
         start_agent("alice", run_token=token, now=later)

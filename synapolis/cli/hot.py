@@ -73,8 +73,13 @@ def read_signals(ws, who, piggyback: bool, mode="unread", limit=None, after=None
 
 def ack_signals(ws, who, piggyback: bool, ids=None, all_=False):
     data = actions.ack_signals(ws, who, ids, all=all_, piggyback=piggyback)
-    return data, lambda d: with_pending(
-        f"acked {len(d['acked'])} signal(s)" + (": " + ", ".join(i[:12] for i in d["acked"]) if d["acked"] else ""), d)
+    def text(d):
+        shown = ", ".join(i[:12] for i in d["acked"][:20])
+        more = d["acked_count"] - min(len(d["acked"]), 20)
+        return with_pending(f"acked {d['acked_count']} signal(s)" + (f": {shown}" if shown else "")
+                            + (f" and {more} more" if more > 0 else ""), d)
+
+    return data, text
 
 
 def signals_pending(ws, who, piggyback: bool, limit=None):

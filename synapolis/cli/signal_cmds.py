@@ -202,20 +202,29 @@ def whiteboard_write_cmd(ws, key, value, who, piggyback, as_json):
 
 @click.command("whiteboard-read")
 @click.argument("key", required=False, default=None)
+@click.option("--after", default=None, help="Without KEY: only keys after this one (the answer's next_after).")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Without KEY: at most N entries (100).")
 @agent_options
 @pass_workspace(create=False)
-def whiteboard_read_cmd(ws, key, who, piggyback, as_json):
-    """Read one whiteboard entry, or all of them without KEY.
+def whiteboard_read_cmd(ws, key, after, limit, who, piggyback, as_json):
+    """Read one whiteboard entry, or a page of them without KEY.
 
     Example: synapolis whiteboard-read release-branch --json
     """
-    data = actions.whiteboard_read(ws, who, key, session_id=who.session_id, piggyback=piggyback)
+    data = actions.whiteboard_read(ws, who, key, session_id=who.session_id, after=after, limit=limit,
+                                   piggyback=piggyback)
 
     def text(d):
         entries = [d["entry"]] if "entry" in d else d["entries"]
         if not entries:
             return with_pending("the whiteboard is empty", d)
         rows = [[e["key"], one_line(e["value"], 60), e["updated_by"], ago(e["updated_at"])] for e in entries]
-        return with_pending(table(rows, ["KEY", "VALUE", "BY", "UPDATED"]), d)
+        lines = [table(rows, ["KEY", "VALUE", "BY", "UPDATED"])]
+        if d.get("remaining"):
+            import shlex
+
+            lines.append(more_line(d["remaining"], "entries",
+                                   f"`synapolis whiteboard-read --after {shlex.quote(d['next_after'])}`"))
+        return with_pending(lines, d)
 
     emit(as_json, data, text)

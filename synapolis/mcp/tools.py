@@ -222,11 +222,13 @@ def register_tools(server, state: ServerState) -> None:
         who = state.who(ctx, agent_id, session_id, run_token)
         return await call(actions.whiteboard_write, who, key, value)
 
-    @server.tool(description="Read a whiteboard entry ({entry}), or all without key ({entries}).")
-    async def read_whiteboard(key: str | None = None, session_id: SessionId = None,
+    @server.tool(description="Read a whiteboard entry ({entry}), or without key a page of entries by key "
+                             "({entries}, remaining; next page: after=next_after).")
+    async def read_whiteboard(key: str | None = None, after: str | None = None,
+                              limit: Annotated[int | None, Field(gt=0)] = None, session_id: SessionId = None,
                               agent_id: AgentId = None, ctx: Context = None) -> _Result:
         who = state.who(ctx, agent_id, session_id, writes=False)
-        return await call(actions.whiteboard_read, who, key, session_id=session_id)
+        return await call(actions.whiteboard_read, who, key, session_id=session_id, after=after, limit=limit)
 
     @server.tool(description="Done: go idle, stage memories (strings or {text,key,tags}); the last active "
                              "agent consolidates them and ends the session.")

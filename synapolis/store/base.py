@@ -42,7 +42,8 @@ class Transaction(abc.ABC):
 
     @abc.abstractmethod
     def register_agent(self, agent_id: str, *, harness: str, substrate: str, stamp: str, run_token: str) -> None:
-        """A new registry row, `active` and fresh; signals stored before it are its history."""
+        """A new registry row, `active` and fresh; signals stored before it are its history. `run_token`
+        is what is kept of the agent's token: its hash (identity.hash_token), never the token itself."""
 
     @abc.abstractmethod
     def restart_agent(self, agent_id: str, *, harness: str, substrate: str, stamp: str, run_token: str) -> None:
@@ -53,13 +54,14 @@ class Transaction(abc.ABC):
         """The agent was heard from at `stamp` with registry status `status`."""
 
     @abc.abstractmethod
-    def count_live(self, cutoff: str, exclude: str | None = None) -> int:
-        """Agents `active` with a last_heartbeat at or after `cutoff`, other than `exclude`."""
+    def count_live(self, cutoff: str, exclude: str | None = None, *, ceiling: str) -> int:
+        """Agents `active` with a last_heartbeat at or after `cutoff` and at or before `ceiling`, other
+        than `exclude` (status.registry_window: a stamp beyond the clock skew is no evidence of life)."""
 
     @abc.abstractmethod
-    def flag_stale(self, cutoff: str) -> list:
-        """Rows `active`/`idle` heard from before `cutoff` become `stale`; returns (id, status,
-        last_heartbeat) rows of what changed."""
+    def flag_stale(self, cutoff: str, *, ceiling: str) -> list:
+        """Rows `active`/`idle` heard from before `cutoff`, or stamped after `ceiling`, become `stale`;
+        returns (id, status, last_heartbeat) rows of what changed."""
 
     @abc.abstractmethod
     def raise_lamport(self, agent_id: str, value: int) -> None:
@@ -84,10 +86,15 @@ class Transaction(abc.ABC):
         """The highest Lamport value of any stored signal (0 when none)."""
 
     @abc.abstractmethod
-    def insert_signal(self, signal: dict) -> int | None:
+    def insert_signal(self, signal: dict, caller: str | None = None) -> int | None:
         """Store a signal (id, timestamp, sender, recipient, type, content, lamport, reply_to);
         returns its `sequence`, which orders it after every signal committed before it, or None
-        (nothing stored) when a signal with that id exists already."""
+        (nothing stored) when a signal with that id exists already. The registered `caller` who sent
+        it has its Lamport clock raised to the signal's value (one round trip on a server)."""
+
+    @abc.abstractmethod
+    def recent_signals(self, limit: int) -> list:
+        """The newest `limit` signals of the session, newest first, whoever they are for (the dashboard)."""
 
     @abc.abstractmethod
     def find_signals(self, ref: str, limit: int = 100) -> list:

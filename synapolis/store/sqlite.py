@@ -16,7 +16,12 @@ import threading
 from ..errors import BusyError, InternalError, NotFoundError
 from . import base
 
-SCHEMA_VERSION = 1
+# 2: run tokens are kept as their SHA-256 (identity.hash_token), and the files are private (0600/0700)
+SCHEMA_VERSION = 2
+# session.db, its -wal and -shm hold every agent's signals and (hashed) run token: only their owner may
+# read them, from the moment they exist (SQLite gives -wal and -shm the mode of the database file)
+PRIVATE_FILE = 0o600
+PRIVATE_DIR = 0o700
 
 # EP-0118 §3's five tables exactly as written (names, columns, CHECKs), then our additions.
 # Timestamps we write are RFC 3339 UTC with microseconds (`2026-06-02T10:09:24.123456Z`): fixed
@@ -107,6 +112,39 @@ CREATE INDEX IF NOT EXISTS signals_by_recipient ON signals (recipient, sequence)
 CREATE INDEX IF NOT EXISTS signal_reads_by_agent ON signal_reads (agent_id, signal_id);
 CREATE INDEX IF NOT EXISTS deliveries_by_agent ON signal_deliveries (agent_id, delivery_method, offers);
 """
+
+
+def create_private(path: str) -> None:
+    """Create the folder (0700) and an empty database file (0600) before SQLite opens it, so the file is
+    private from its first moment whatever the umask; SQLite then creates -wal and -shm with its mode."""
+    os.makedirs(os.path.dirname(path), mode=PRIVATE_DIR, exist_ok=True)
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), PRIVATE_FILE))
+    except FileExistsError:  # a racing creator made it (the same way)
+        pass
+
+
+def make_private(path: str) -> None:
+    """Take a store made by an older synapolis private: its folder 0700; the file, -wal and -shm 0600.
+    Only the owner may change a mode; for anyone else this quietly does nothing."""
+    if os.name == "nt":  # pragma: no cover - no POSIX modes
+        return
+    for target, mode in ((os.path.dirname(path), PRIVATE_DIR), (path, PRIVATE_FILE),
+                         (path + "-wal", PRIVATE_FILE), (path + "-shm", PRIVATE_FILE)):
+        try:
+            if os.stat(target).st_mode & 0o777 & ~mode:
+                os.chmod(target, mode)
+        except OSError:
+            continue
+
+
+def _hash_clear_tokens(conn) -> None:
+    """Schema 2: replace run tokens an older synapolis kept in clear with their hash (identity.hash_token)."""
+    from ..identity import hash_token, is_hashed
+
+    rows = conn.execute("SELECT id, run_token FROM agents").fetchall()
+    conn.executemany("UPDATE agents SET run_token = ? WHERE id = ?",
+                     [(hash_token(r["run_token"]), r["id"]) for r in rows if not is_hashed(r["run_token"])])
 
 
 def _statements(script: str):
@@ -235,16 +273,18 @@ class SqliteTransaction(base.Transaction):
     def refresh_agent(self, agent_id, stamp, status):
         self.conn.execute("UPDATE agents SET last_heartbeat = ?, status = ? WHERE id = ?", (stamp, status, agent_id))
 
-    def count_live(self, cutoff, exclude=None):
+    def count_live(self, cutoff, exclude=None, *, ceiling):
         row = self.conn.execute("SELECT COUNT(*) FROM agents WHERE status = 'active' AND last_heartbeat >= ? "
-                                "AND id IS NOT ?", (cutoff, exclude)).fetchone()
+                                "AND last_heartbeat <= ? AND id IS NOT ?", (cutoff, ceiling, exclude)).fetchone()
         return int(row[0])
 
-    def flag_stale(self, cutoff):
-        where = "status IN ('active', 'idle') AND (last_heartbeat IS NULL OR last_heartbeat < ?)"
-        rows = self.conn.execute(f"SELECT id, status, last_heartbeat FROM agents WHERE {where}", (cutoff,)).fetchall()
+    def flag_stale(self, cutoff, *, ceiling):
+        where = ("status IN ('active', 'idle') AND (last_heartbeat IS NULL OR last_heartbeat < ? "
+                 "OR last_heartbeat > ?)")
+        rows = self.conn.execute(f"SELECT id, status, last_heartbeat FROM agents WHERE {where}",
+                                 (cutoff, ceiling)).fetchall()
         if rows:
-            self.conn.execute(f"UPDATE agents SET status = 'stale' WHERE {where}", (cutoff,))
+            self.conn.execute(f"UPDATE agents SET status = 'stale' WHERE {where}", (cutoff, ceiling))
         return rows
 
     def raise_lamport(self, agent_id, value):
@@ -266,7 +306,7 @@ class SqliteTransaction(base.Transaction):
     def max_lamport(self):
         return int(self.conn.execute("SELECT COALESCE(max(lamport), 0) FROM signals").fetchone()[0])
 
-    def insert_signal(self, signal):
+    def insert_signal(self, signal, caller=None):
         # looked up first: an ignored INSERT would still use up an AUTOINCREMENT number
         if self.conn.execute("SELECT 1 FROM signals WHERE id = ?", (signal["id"],)).fetchone() is not None:
             return None
@@ -275,7 +315,13 @@ class SqliteTransaction(base.Transaction):
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (signal["id"], signal["timestamp"], signal["sender"],
                                                 signal["recipient"], signal["type"], signal["content"],
                                                 signal["lamport"], signal["reply_to"]))
+        if caller is not None:
+            self.raise_lamport(caller, signal["lamport"])
         return cursor.lastrowid
+
+    def recent_signals(self, limit):
+        return self.conn.execute(f"SELECT {_COLS} FROM signals s ORDER BY s.sequence DESC LIMIT ?",
+                                 (int(limit),)).fetchall()
 
     def find_signals(self, ref, limit=100):
         if len(ref) == 64:
@@ -458,7 +504,7 @@ class SessionStore(base.SessionStore):
         if not os.path.exists(path):
             if not create:
                 raise NotFoundError(f"unknown session {session_id!r}: no {path}")
-            os.makedirs(os.path.dirname(path), exist_ok=True)
+            create_private(path)
         store = cls(path, session_id, int(ws.config.busy_timeout_ms))
         try:
             store._prepare()
@@ -477,17 +523,34 @@ class SessionStore(base.SessionStore):
             version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version >= SCHEMA_VERSION:
             return
+        if version >= 1:
+            make_private(self.path)  # a store an older synapolis made, maybe readable by everyone
         with self._translate():
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if str(mode).lower() != "wal":
             raise InternalError(f"session store {self.path} cannot use WAL mode (got {mode})")
+        migrating = version == 1
+        if migrating:
+            # the clear tokens the update below replaces must not linger in freed space of the file
+            with self._translate():
+                conn.execute("PRAGMA secure_delete = ON")
         with self.write() as tx:
             conn = tx.conn
             # re-checked under the write lock: a racing creator may have done it already
-            if conn.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version < 1:
                 for statement in _statements(_SCHEMA):
                     conn.execute(statement)
+            if version < 2:
+                _hash_clear_tokens(conn)
+            if version < SCHEMA_VERSION:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        if migrating:
+            # nor in the pages the WAL has not yet copied over them: copy now (best effort: a busy store
+            # is checkpointed by a later writer, and the files are private by now either way)
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+                conn.execute("PRAGMA secure_delete = OFF")
 
     # -- transactions ---------------------------------------------------------------------------
 
