@@ -685,8 +685,9 @@ def follow_signals(ws, who: Who | None = None, *, unread_only: bool = True, limi
                    stop=None, safety_wait_s: float = 5.0):
     """Yield the caller's signals, then each new one as it is stored, until `stop` (an Event) is set.
 
-    New signals are noticed by watching the session folder (synapolis.watching: inotify where the
-    system has it, polling otherwise); `safety_wait_s` re-checks in case an event was missed.
+    New signals are noticed by the store's push (PostgreSQL's LISTEN/NOTIFY), or by watching the session
+    folder (synapolis.watching: inotify where the system has it, polling otherwise); `safety_wait_s`
+    re-checks in case an event was missed.
     """
     import threading
 
@@ -703,7 +704,11 @@ def follow_signals(ws, who: Who | None = None, *, unread_only: bool = True, limi
         if not event.is_directory:
             changed.set()
 
-    observer = start_observer(event_handler(on_event), ws.paths.session_dir(session), poll_interval_s=0.5)
+    # a shared store pushes (LISTEN/NOTIFY); the SQLite store's session folder is watched
+    listener_stop = threading.Event()
+    listener = store_for(ws).listen(lambda sid: changed.set() if sid in (None, session) else None, listener_stop)
+    observer = None if listener is not None else \
+        start_observer(event_handler(on_event), ws.paths.session_dir(session), poll_interval_s=0.5)
     try:
         with open_session(ws, session) as store:
             while not stop.is_set():
@@ -717,7 +722,9 @@ def follow_signals(ws, who: Who | None = None, *, unread_only: bool = True, limi
                     last = max(last, item["sequence"])
                     yield item
     finally:
-        stop_observer(observer)
+        listener_stop.set()
+        if observer is not None:
+            stop_observer(observer)
 
 
 def warn_sessions(ws, incident: dict, now: datetime | None = None) -> list[dict]:

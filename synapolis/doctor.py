@@ -231,9 +231,12 @@ MCP_FILES = {"claude-code": ".mcp.json", "gemini-cli": ".gemini/settings.json", 
 
 
 def _mcp_snippet(harness: str) -> str:
+    # the program by its absolute path, as the hooks run it: the harness's PATH may not reach a virtualenv
+    program, *args = hook_install.program_command()
+    args = [*args, "mcp"]
     if harness == "codex":
-        return '[mcp_servers.synapolis]\ncommand = "synapolis"\nargs = ["mcp"]'
-    return '{"mcpServers": {"synapolis": {"command": "synapolis", "args": ["mcp"]}}}'
+        return f"[mcp_servers.synapolis]\ncommand = {json.dumps(program)}\nargs = {json.dumps(args)}"
+    return json.dumps({"mcpServers": {"synapolis": {"command": program, "args": args}}})
 
 
 def _is_our_server(entry) -> bool:

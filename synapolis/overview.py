@@ -33,7 +33,7 @@ def _heartbeat_agents(ws, now: datetime) -> dict:
         doc = read.doc or {}
         entry = {"agent_id": read.agent_id, "declared_status": doc.get("status"), "beat_at": doc.get("beat_at"),
                  "age_s": None, "task": doc.get("task"), "harness": doc.get("harness"),
-                 "substrate": doc.get("substrate"), "session_id": doc.get("session_id"),
+                 "substrate": doc.get("substrate"), "session_id": doc.get("session_id"), "host": doc.get("host"),
                  "unread": None, "claims": [], "errors": [e["message"] for e in read.errors]}
         if read.valid:
             verdict = effective_status(doc, now, previous=previous.get(read.agent_id),
@@ -61,7 +61,7 @@ def _sessions(ws, agents: dict, now: datetime) -> list[dict]:
                     "agent_id": row["id"], "effective_status": "missing", "declared_status": None,
                     "beat_at": None, "age_s": _age(row["last_heartbeat"], now), "task": None,
                     "harness": row["harness"], "substrate": row["substrate"], "session_id": session_id,
-                    "unread": None, "claims": [], "errors": ["no heartbeat file"]}
+                    "host": None, "unread": None, "claims": [], "errors": ["no heartbeat file"]}
             entry["unread"] = (entry["unread"] or 0) + unread[row["id"]]
         found.append({"session_id": session_id, "agents": len(rows)})
     return found

@@ -51,6 +51,11 @@ def as_dict(row) -> dict:
     return out
 
 
+def recent(tx, limit: int = 20) -> list[dict]:
+    """The session's newest `limit` signals, oldest first, whoever they are for (a person's view)."""
+    return [as_dict(row) for row in reversed(tx.recent_signals(limit))]
+
+
 def _reader(tx, agent_id: str):
     row = agent_row(tx, agent_id)
     if row is None:
@@ -258,12 +263,10 @@ def send(tx, *, caller: str | None, recipient: str, content: str, now: datetime,
         signal = {"id": signal_id(sender, recipient, type_, content, stamp), "sequence": None, "timestamp": stamp,
                   "sender": sender, "recipient": recipient, "type": type_, "content": content, "lamport": lamport,
                   "reply_to": reply_id}
-        signal["sequence"] = tx.insert_signal(signal)
+        signal["sequence"] = tx.insert_signal(signal, caller)  # and the caller's clock goes up to `lamport`
         if signal["sequence"] is not None:
             break
         moment = moment + timedelta(microseconds=1)  # the same message twice in one microsecond: a new id
-    if caller is not None:
-        tx.raise_lamport(caller, lamport)
     return signal, audience(rows, now, config)
 
 

@@ -507,3 +507,19 @@ def test_a_bare_name_not_on_path_fails_in_the_whole_report(tmp_path, state_dir, 
                            "--project-dir", str(project), "--json"], capture_output=True, text=True, env=env, timeout=60)
     report = json.loads(done.stdout)
     assert done.returncode == 1 and fails(report["findings"], "is not on PATH")
+
+
+@pytest.mark.parametrize("harness", sorted(hook_install.HARNESSES))
+def test_the_suggested_mcp_entry_names_this_synapolis_and_is_recognised(tmp_path, home, harness):
+    hook_install.install(harness, tmp_path)
+    (missing,) = [f for f in doctor.check_harness(tmp_path, harness) if "synapolis mcp" in f["message"]]
+    snippet = missing["fix"].split(": ", 1)[1]
+    assert hook_install.program_command()[0] in snippet
+    target = tmp_path / doctor.MCP_FILES[harness]
+    if harness == "codex":
+        target.write_text(snippet + "\n")
+    else:
+        existing = json.loads(target.read_text()) if target.exists() else {}
+        target.write_text(json.dumps({**existing, **json.loads(snippet)}))
+    (found,) = [f for f in doctor.check_harness(tmp_path, harness) if "MCP server" in f["message"]]
+    assert found["status"] == "ok"

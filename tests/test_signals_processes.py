@@ -11,6 +11,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from synapolis import actions
 from synapolis.timeutil import utcnow
 from synapolis.identity import Who
@@ -46,6 +48,7 @@ def _send_many(state_dir, session_id, agent_id, count, barrier, errors):
             errors.put(f"{agent_id}:{i}: {type(exc).__name__}: {exc}")
 
 
+@pytest.mark.sqlite_only  # SQLite's file itself (PostgreSQL: tests/test_store_postgres.py)
 def test_eight_processes_five_hundred_signals_each(ws, start_agent, db_rows):
     _set_config(ws.root, rate_limit_per_min=100000)
     sid = start_agent("sink")["session_id"]
@@ -93,6 +96,7 @@ with open(log, "a") as out:
 """
 
 
+@pytest.mark.sqlite_only  # SQLite's file itself (PostgreSQL: tests/test_store_postgres.py)
 def test_sigkill_mid_send_leaves_a_sound_store(ws, start_agent, db_rows, tmp_path):
     _set_config(ws.root, rate_limit_per_min=100000)
     sid = start_agent("sink")["session_id"]
@@ -146,6 +150,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.sqlite_only  # SQLite's file itself (PostgreSQL: tests/test_store_postgres.py)
 def test_a_locked_store_is_exit_8_within_the_busy_timeout(ws, start_agent):
     _set_config(ws.root, busy_timeout_ms=300)
     # registered on the machine's clock, which the CLI processes below read: two live agents, so

@@ -502,3 +502,40 @@ def test_doctor_checks_the_store(machines, tmp_path):
     assert "hidden-pw" not in out.stdout + out.stderr
     plain = run_cli(use_store(tmp_path / "plain", "sqlite"), "doctor", "--json")
     assert [f["status"] for f in json.loads(plain.stdout)["findings"] if f["check"] == "store"] == ["ok"]
+
+
+def test_a_subscriber_that_lost_its_connection_rechecks_when_back(machines):
+    """The listener's connection is cut (a server restart, a dropped network); a signal stored meanwhile
+    sends its NOTIFY to nobody, yet the subscriber is told once the listener is back."""
+    import psycopg
+
+    from synapolis.mcp.watch import SessionWatcher, Subscriptions, current_value
+
+    laptop, runner = machines
+    sid = actions.start(laptop, agent_id="alice", session_id="s1", env={})["session_id"]
+    actions.start(runner, agent_id="bob", session_id=sid, env={})
+    uri = f"synapolis://session/{sid}/inbox/alice"
+    subscriptions = Subscriptions()
+    subscriptions.add(uri, "client-1", current_value(laptop, uri))
+    woken = threading.Event()
+    watcher = SessionWatcher(laptop, subscriptions, lambda uris: woken.set()).start()
+    admin = psycopg.connect(laptop.config.store, autocommit=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not admin.execute("SELECT 1 FROM pg_stat_activity WHERE application_name = 'synapolis-listen' "
+                                "AND query ILIKE 'LISTEN%'").fetchall():
+            assert time.monotonic() < deadline, "the listener never connected"
+            time.sleep(0.05)
+        listening = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'synapolis-listen'"
+        # cut the listener, and store a signal while it is away (it waits retry_s = 1 s before reconnecting)
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                      "WHERE application_name = 'synapolis-listen'")
+        while admin.execute(listening).fetchone()[0]:
+            time.sleep(0.01)
+        woken.clear()
+        actions.signal(runner, Who("bob", sid), "alice", "while you were away", env={}, piggyback=False)
+        assert admin.execute(listening).fetchone()[0] == 0, "the listener was back before the signal: retry"
+        assert woken.wait(10), "the subscriber was not told after the listener came back"
+    finally:
+        admin.close()
+        watcher.stop()

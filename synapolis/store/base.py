@@ -86,10 +86,15 @@ class Transaction(abc.ABC):
         """The highest Lamport value of any stored signal (0 when none)."""
 
     @abc.abstractmethod
-    def insert_signal(self, signal: dict) -> int | None:
+    def insert_signal(self, signal: dict, caller: str | None = None) -> int | None:
         """Store a signal (id, timestamp, sender, recipient, type, content, lamport, reply_to);
         returns its `sequence`, which orders it after every signal committed before it, or None
-        (nothing stored) when a signal with that id exists already."""
+        (nothing stored) when a signal with that id exists already. The registered `caller` who sent
+        it has its Lamport clock raised to the signal's value (one round trip on a server)."""
+
+    @abc.abstractmethod
+    def recent_signals(self, limit: int) -> list:
+        """The newest `limit` signals of the session, newest first, whoever they are for (the dashboard)."""
 
     @abc.abstractmethod
     def find_signals(self, ref: str, limit: int = 100) -> list:

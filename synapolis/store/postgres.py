@@ -341,7 +341,7 @@ class PostgresTransaction(base.Transaction):
                         (self.session_id,))
         return int(row["m"])
 
-    def insert_signal(self, signal):
+    def insert_signal(self, signal, caller=None):
         # the session's insert lock first, held to commit, and only then the sequence: sequence order is
         # commit order (see the module doc). One statement: the lock's row feeds the INSERT, so the lock
         # is taken before nextval() runs.
@@ -351,17 +351,23 @@ class PostgresTransaction(base.Transaction):
             "reply_to) SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s FROM locked "
             # an id already stored is filtered out before nextval() runs, so it uses up no number
             "WHERE NOT EXISTS (SELECT 1 FROM signals WHERE session_id = %s AND id = %s) "
-            "ON CONFLICT (session_id, id) DO NOTHING RETURNING sequence) "
+            "ON CONFLICT (session_id, id) DO NOTHING RETURNING sequence), "
+            "clock AS (UPDATE agents SET lamport = %s WHERE session_id = %s AND id = %s AND lamport < %s) "
             "SELECT sequence, pg_notify(%s, %s) FROM stored",
             (_key(self.session_id, "signals"), self.session_id, signal["id"], signal["timestamp"], signal["sender"],
              signal["recipient"], signal["type"], signal["content"], signal["lamport"], signal["reply_to"],
-             self.session_id, signal["id"], NOTIFY_CHANNEL, self.session_id))
+             self.session_id, signal["id"], signal["lamport"], self.session_id, caller, signal["lamport"],
+             NOTIFY_CHANNEL, self.session_id))
         if row is None:
             return None  # that id is stored already
         sequence = int(row["sequence"])
         if self._horizon is not None:
             self._horizon = max(self._horizon, sequence)  # our own insert is ours to see
         return sequence
+
+    def recent_signals(self, limit):
+        return self._all(f"SELECT {_COLS} FROM signals s WHERE s.session_id = %s ORDER BY s.sequence DESC LIMIT %s",
+                         (self.session_id, int(limit)))
 
     def find_signals(self, ref, limit=100):
         if len(ref) == 64:

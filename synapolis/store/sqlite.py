@@ -306,7 +306,7 @@ class SqliteTransaction(base.Transaction):
     def max_lamport(self):
         return int(self.conn.execute("SELECT COALESCE(max(lamport), 0) FROM signals").fetchone()[0])
 
-    def insert_signal(self, signal):
+    def insert_signal(self, signal, caller=None):
         # looked up first: an ignored INSERT would still use up an AUTOINCREMENT number
         if self.conn.execute("SELECT 1 FROM signals WHERE id = ?", (signal["id"],)).fetchone() is not None:
             return None
@@ -315,7 +315,13 @@ class SqliteTransaction(base.Transaction):
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (signal["id"], signal["timestamp"], signal["sender"],
                                                 signal["recipient"], signal["type"], signal["content"],
                                                 signal["lamport"], signal["reply_to"]))
+        if caller is not None:
+            self.raise_lamport(caller, signal["lamport"])
         return cursor.lastrowid
+
+    def recent_signals(self, limit):
+        return self.conn.execute(f"SELECT {_COLS} FROM signals s ORDER BY s.sequence DESC LIMIT ?",
+                                 (int(limit),)).fetchall()
 
     def find_signals(self, ref, limit=100):
         if len(ref) == 64:
