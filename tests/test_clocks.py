@@ -18,7 +18,7 @@ from synapolis import actions, claims, overview, sessions, sleep
 from synapolis import monitor as mon
 from synapolis.errors import ConflictError
 from synapolis.identity import Who
-from synapolis.status import effective_status, registry_live, status_of_agent
+from synapolis.status import effective_status, registry_live, status_of_agent, status_of_doc
 from synapolis.store import open_session
 from synapolis.timeutil import format_ts
 
@@ -107,6 +107,15 @@ def test_within_the_allowed_skew_a_stamp_is_taken_at_its_word(ws):
            "beat_at": ago(-60)}  # a minute ahead, under clock_skew_s (120)
     verdict = effective_status(doc, NOW, written_at=NOW - timedelta(days=9), **ws.config.thresholds)
     assert verdict.effective_status == "active" and verdict.anomalies == [] and verdict.age_s == -60
+
+
+def test_a_shared_stores_copy_ahead_of_time_ages_from_when_the_store_received_it(ws):
+    """Agents on another machine are judged by their heartbeat copy in the store (§12): `received_at`,
+    the store's own moment, is what a clock running ahead is judged by."""
+    doc = {"schema_version": 1, "agent_id": "far", "harness": "t", "status": "active", "seq": 3,
+           "beat_at": ago(-DAY)}
+    assert status_of_doc({**doc, "received_at": micro(NOW - HOURS_2)}, NOW, ws.config) == "dead"
+    assert status_of_doc({**doc, "received_at": micro(NOW - timedelta(seconds=5))}, NOW, ws.config) == "active"
 
 
 # -- registry rows stamped in the future --------------------------------------------------------------------
