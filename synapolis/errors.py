@@ -14,6 +14,11 @@ class SynapolisError(Exception):
         self.message = message
         self.details = details
 
+    def __reduce__(self):
+        # Exception pickles as cls(*args), which fails for a class with required arguments
+        # (RateLimitedError): rebuild the bare instance, then restore its attributes
+        return _rebuild, (type(self), self.args), self.__dict__
+
     def to_json(self) -> dict:
         return {"error": {"type": self.type_name, "message": self.message, "exit_code": self.exit_code, **self.details}}
 
@@ -65,7 +70,9 @@ class NotFoundError(SynapolisError, LookupError):
     type_name = "NotFoundError"
 
 
-class ForbiddenError(SynapolisError, PermissionError):
+# ForbiddenError and BusyError subclass no OSError builtin (PermissionError, TimeoutError): the many
+# `except OSError` around file I/O must never swallow a refusal or a timeout meant for the caller.
+class ForbiddenError(SynapolisError):
     exit_code = 7
     type_name = "ForbiddenError"
 
@@ -74,9 +81,15 @@ class StaleToken(ForbiddenError):
     """A fencing token that is no longer the live holder's."""
 
 
-class BusyError(SynapolisError, TimeoutError):
+class BusyError(SynapolisError):
     exit_code = 8
     type_name = "BusyError"
+
+
+def _rebuild(cls, args):
+    error = cls.__new__(cls, *args)
+    error.args = args
+    return error
 
 
 def internal_error(exc: BaseException) -> InternalError:
