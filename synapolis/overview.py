@@ -8,6 +8,7 @@ from datetime import datetime
 from .atomic import read_json_or
 from .heartbeat import iter_heartbeat_paths, read_heartbeat
 from .status import effective_status, file_written_at
+from .terminal import terminal_safe
 from .timeutil import format_ts, humanize_age, parse_ts, utcnow
 
 ANSI = {"active": "32", "idle": "36", "sleeping": "34", "stopped": "2", "stale": "33", "dead": "31;1",
@@ -32,7 +33,7 @@ def _heartbeat_agents(ws, now: datetime) -> dict:
         doc = read.doc or {}
         entry = {"agent_id": read.agent_id, "declared_status": doc.get("status"), "beat_at": doc.get("beat_at"),
                  "age_s": None, "task": doc.get("task"), "harness": doc.get("harness"),
-                 "substrate": doc.get("substrate"), "session_id": doc.get("session_id"),
+                 "substrate": doc.get("substrate"), "session_id": doc.get("session_id"), "host": doc.get("host"),
                  "unread": None, "claims": [], "errors": [e["message"] for e in read.errors]}
         if read.valid:
             verdict = effective_status(doc, now, previous=previous.get(read.agent_id),
@@ -60,7 +61,7 @@ def _sessions(ws, agents: dict, now: datetime) -> list[dict]:
                     "agent_id": row["id"], "effective_status": "missing", "declared_status": None,
                     "beat_at": None, "age_s": _age(row["last_heartbeat"], now), "task": None,
                     "harness": row["harness"], "substrate": row["substrate"], "session_id": session_id,
-                    "unread": None, "claims": [], "errors": ["no heartbeat file"]}
+                    "host": None, "unread": None, "claims": [], "errors": ["no heartbeat file"]}
             entry["unread"] = (entry["unread"] or 0) + unread[row["id"]]
         found.append({"session_id": session_id, "agents": len(rows)})
     return found
@@ -183,8 +184,9 @@ def render(data: dict, width: int = 80, colour: bool = False, now: datetime | No
                 what = f"[{', '.join(a['claims'])}] {what}".strip()
             if a["errors"] and a["effective_status"] in ("invalid", "missing"):
                 what = a["errors"][0]
+            # a task is any agent's text (a heartbeat file anyone may write): escapes, not terminal commands
             rows.append([a["agent_id"], a["effective_status"], humanize_age(a["age_s"]).replace(" ago", ""),
-                         a["unread"] if a["unread"] is not None else "-", what])
+                         a["unread"] if a["unread"] is not None else "-", terminal_safe(str(what))])
         lines += _table(["AGENT", "STATUS", "AGE", "UNREAD", "TASK / CLAIMS"], rows,
                         [agent_w, 8, 6, 6, task_w], colour, paint_col=1)
     else:

@@ -97,6 +97,11 @@ class StateFiles:
         return self._at("identity.json")
 
     @property
+    def tokens(self):
+        # the team server's bearer tokens (contract §13): their SHA-256 only, mode 0600
+        return self._at("tokens.json")
+
+    @property
     def heartbeats(self):
         return self._at("heartbeats")
 

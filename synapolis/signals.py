@@ -51,6 +51,11 @@ def as_dict(row) -> dict:
     return out
 
 
+def recent(tx, limit: int = 20) -> list[dict]:
+    """The session's newest `limit` signals, oldest first, whoever they are for (a person's view)."""
+    return [as_dict(row) for row in reversed(tx.recent_signals(limit))]
+
+
 def _reader(tx, agent_id: str):
     row = agent_row(tx, agent_id)
     if row is None:

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from conftest import ago, fault_steps, heartbeat_doc, jsonl_is_whole, run_faulty
-from synapolis import actions, escalation, monitor, sleep
+from synapolis import actions, monitor, sleep
 from synapolis.atomic import is_temp_name
 from synapolis.timeutil import utcnow
 from synapolis.workspace import Workspace

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning")
 
 from mcp import Client, MCPError  # noqa: E402
 
-from conftest import ts_sdk1_check  # noqa: E402
+from conftest import DEADLINE_S, Inbox, fails, ok, ts_sdk1_check  # noqa: E402
 from synapolis import actions  # noqa: E402
 from synapolis.identity import Who  # noqa: E402
 from synapolis.mcp.server import create_server  # noqa: E402
@@ -27,41 +27,10 @@ LEGACY, MODERN = "legacy", "2026-07-28"
 MODES = [LEGACY, MODERN]
 TOOLS = {"start_session", "beat", "signal", "read_signals", "ack_signals", "signals_pending", "read_notes", "note",
          "list_agents", "write_whiteboard", "read_whiteboard", "tired", "claim", "release", "claim_check"}
-DEADLINE_S = 10  # generous bound for "promptly" on a loaded 2-core machine; typical is ~20 ms
 
 
 def run(fn, *args):
     anyio.run(fn, *args)
-
-
-async def ok(client, tool, **args) -> dict:
-    """Call a tool that must succeed; its structured result (which always carries pending_signals)."""
-    result = await client.call_tool(tool, args)
-    assert not result.is_error, result.content[0].text
-    data = result.structured_content
-    assert "pending_signals" in data and json.loads(result.content[0].text) == data
-    return data
-
-
-_SCHEMAS: dict = {}
-
-
-async def output_schema(client, tool):
-    if not _SCHEMAS:
-        _SCHEMAS.update({t.name: t.output_schema for t in (await client.list_tools()).tools})
-    return _SCHEMAS.get(tool)
-
-
-async def fails(client, tool, type_name, exit_code, **args) -> str:
-    """Call a tool that must fail with the contract's error; its one-line message, which is what a
-    TypeScript SDK 1.x client shows the model too (no structured content breaking the output schema)."""
-    result = await client.call_tool(tool, args)
-    assert result.is_error, result.structured_content
-    text = result.content[0].text
-    assert text.startswith(f"{type_name} (exit {exit_code}): "), text
-    assert "\n" not in text and "Traceback" not in text
-    ts_sdk1_check(result, await output_schema(client, tool))
-    return text
 
 
 @contextlib.asynccontextmanager
@@ -270,25 +239,6 @@ def test_parse_uri_refuses_what_is_not_ours():
 
 
 # -- push: a signal stored by another process reaches the subscriber ------------------------------------
-class Inbox:
-    """Collects `notifications/resources/updated` URIs and lets a test wait for one."""
-
-    def __init__(self):
-        self.uris: list[str] = []
-        self._event = anyio.Event()
-
-    async def __call__(self, message):
-        if getattr(message, "method", None) == "notifications/resources/updated":
-            self.uris.append(message.params.uri)
-            self._event.set()
-
-    async def wait_for(self, uri):
-        with anyio.fail_after(DEADLINE_S):
-            while uri not in self.uris:
-                await self._event.wait()
-                self._event = anyio.Event()
-
-
 async def _cli(cli, *args):
     done = await anyio.to_thread.run_sync(lambda: cli(*args))
     assert done.returncode == 0, done.stderr

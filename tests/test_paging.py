@@ -252,3 +252,16 @@ def test_whiteboard_pages_by_key(ws, start_agent, cli):
     assert len(big["entries"]) == 1 and big["remaining"] == 29 + 130  # 40 KB each: one per 48 KB page
     text = cli("whiteboard-read", "--agent-id", "alice").stdout
     assert text.splitlines()[-1] == "-- 159 more entries: `synapolis whiteboard-read --after big00`"
+
+
+def test_status_shows_a_hostile_task_as_escapes(ws, put_heartbeat, cli):
+    from datetime import datetime, timezone
+
+    from synapolis.timeutil import format_ts
+
+    now = datetime.now(timezone.utc)
+    put_heartbeat("mallory", format_ts(now), written_at=now, task="\x1b]0;owned\x07\x1b[2Jwork")
+    out = cli("status")
+    assert out.returncode == 0, out.stderr
+    assert "\x1b" not in out.stdout and "\x07" not in out.stdout
+    assert "\\x1b]0;owned\\x07" in out.stdout

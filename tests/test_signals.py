@@ -332,3 +332,21 @@ def test_cli_signal_path_imports_nothing_heavy(cli, state_dir):
         assert out.returncode == 0, out.stderr
         loaded = {line.split("|")[-1].strip().split(".")[0] for line in out.stderr.splitlines() if "|" in line}
         assert not loaded & {"jsonschema", "dateutil", "filelock", "watchdog", "mcp", "asyncio"}, verb
+
+
+def test_collect_reads_each_active_sessions_newest_signals_on_either_store(ws, start_agent):
+    """The page's data straight from the library, on each store the tests run (SQLite, PostgreSQL)."""
+    from synapolis import actions, dashboard
+    from synapolis.identity import Who
+
+    alice = start_agent("alice")
+    start_agent("bob", session_id=alice["session_id"])
+    me = Who("alice", alice["session_id"])
+    for n in range(5):
+        actions.signal(ws, me, "bob", f"s{n}", env={}, piggyback=False)
+    actions.note(ws, me, "a note", env={}, piggyback=False)
+    data = dashboard.collect(ws, signals_shown=3)
+    (activity,) = data["activity"]
+    assert [s["content"] for s in activity["signals"]] == ["s2", "s3", "s4"]  # the newest 3, oldest first
+    assert [n["text"] for n in activity["notes"]] == ["a note"]
+    assert {a["agent_id"] for a in data["agents"]} == {"alice", "bob"}

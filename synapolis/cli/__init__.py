@@ -42,6 +42,8 @@ COMMANDS: dict[str, str] = {
     "status": "person_cmds:status_cmd",
     "demo": "person_cmds:demo_cmd",
     "mcp": "mcp_cmds:mcp_cmd",
+    "serve": "serve_cmds:serve_cmd",
+    "tokens": "token_cmds:tokens_group",
     "tired": "sleep_cmds:tired_cmd",
     "memories": "sleep_cmds:memories_cmd",
 }

@@ -8,21 +8,7 @@ encoder escapes C0 controls already, and a program, not a terminal, reads it).
 
 from __future__ import annotations
 
-import re
-
-# C0 controls but tab and newline, DEL, C1 controls (8-bit CSI/OSC...), and the bidirectional overrides
-# and isolates that make text display in another order than it reads ("trojan source")
-_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-
-
-def _escape(match) -> str:
-    code = ord(match.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
-
-
-def terminal_safe(text: str) -> str:
-    """`text` with every character a terminal would act on shown as an escape (`\\x1b`); tabs, newlines kept."""
-    return _UNSAFE.sub(_escape, text)
+from ..terminal import terminal_safe  # noqa: F401 - the CLI's output helpers use it from here
 
 
 def ago(stamp, now=None) -> str:

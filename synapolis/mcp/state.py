@@ -91,6 +91,9 @@ class ServerState:
         self.force_polling = force_polling
         self.fast = fast
         self.watcher: watch.SessionWatcher | None = None
+        self.change_feed = False  # the team server: the watcher also reports any change (the dashboard)
+        self.changes = 0
+        self._change_event = None
         # stores held open, callers resolved, refreshes coalesced between calls (actions.LongLived)
         self.live = actions.LongLived(max_sessions=MAX_KEPT)
         self._ws: tuple | None = None  # (config file signature, Workspace)
@@ -190,6 +193,23 @@ class ServerState:
                     await session.send_resource_updated(uri)
                 except Exception as exc:  # noqa: BLE001 - one gone client must not starve the others
                     log.debug("synapolis mcp: cannot notify %s: %s", uri, exc)
+                    if self.change_feed:  # an HTTP session that ended: its subscriptions go with it
+                        self.subscriptions.drop_holder(holder)
+                        self.connections.pop(holder, None)
+
+    # -- the change feed (the dashboard's live updates) -------------------------------------------------
+    def _changed(self) -> None:
+        """On the event loop: something in the state directory changed; wake every waiting listener."""
+        self.changes += 1
+        event, self._change_event = self._change_event, anyio.Event()
+        event.set()
+
+    async def next_change(self, seen: int, timeout_s: float) -> int:
+        """The change count once it passes `seen`, or after `timeout_s` (then unchanged)."""
+        if self.changes == seen:
+            with anyio.move_on_after(timeout_s):
+                await self._change_event.wait()
+        return self.changes
 
     async def subscribe(self, uri: str, holder) -> None:
         """Watch `uri` for `holder` from now on: what it holds now is the baseline, not news."""
@@ -225,8 +245,17 @@ class ServerState:
             def notify(uris):
                 anyio.from_thread.run(self.deliver, uris, token=token)
 
-            self.watcher = watch.SessionWatcher(ws, self.subscriptions, notify,
-                                                    force_polling=self.force_polling).start()
+            def changed():
+                anyio.from_thread.run_sync(self._changed, token=token)
+
+            self.watcher = watch.SessionWatcher(ws, self.subscriptions, notify, force_polling=self.force_polling,
+                                                on_change=changed if self.change_feed else None).start()
+
+    async def start_change_feed(self) -> None:
+        """The team server: watch the whole state directory from the start, for the dashboard (and push)."""
+        self.change_feed = True
+        self._change_event = anyio.Event()
+        await anyio.to_thread.run_sync(self._start_watcher)
 
     def stop_watching(self) -> None:
         with self._lock:

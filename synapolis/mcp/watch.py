@@ -10,13 +10,13 @@ nothing for an inbox (another agent's traffic, a checkpoint) notifies nobody.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ..atomic import is_temp_name
 from ..errors import NotFoundError, UsageError
 from ..names import validate_agent_id, validate_session_id
 from ..watching import event_handler, event_paths, start_observer, stop_observer
@@ -29,6 +29,9 @@ NOTES_TEMPLATE = SCHEME + "{session_id}/notes"
 
 # Files whose change can mean "something new": the database and its WAL, the notes bus.
 _INTERESTING = ("session.db", "session.db-wal", "notes.jsonl")
+# What in the state directory is bookkeeping, never news for a dashboard.
+_NOT_STATE = (".locks", "monitor_history", "hooks", "tokens.json", "identity.json")
+_NEWS = ("modified", "created", "deleted", "moved")  # not "closed", "attrib": SQLite readers make those
 
 
 def inbox_uri(session_id: str, agent_id: str) -> str:
@@ -161,14 +164,20 @@ class SessionWatcher:
     `max_delay_s` after the first event), then looks at the dirty sessions' subscribed URIs. The checker
     keeps one SQLite connection per session open for its life: a reader that opened and closed its own
     connection would, as the last one out, checkpoint and delete the WAL, an event that wakes it again.
+
+    With `on_change` (the team server's dashboard) it watches the whole state directory instead, and also
+    calls `on_change()` once per quiet spell in which anything changed there (a heartbeat, a claim, an
+    incident, a signal, a note): the same events, debounced the same way, as the push to MCP clients.
     """
 
     def __init__(self, ws, subscriptions: Subscriptions, notify: Callable[[list[str]], None], *,
                  debounce_s: float = 0.01, max_delay_s: float = 0.05, force_polling: bool = False,
-                 poll_interval_s: float = 0.25):
+                 poll_interval_s: float = 0.25, on_change: Callable[[], None] | None = None):
         self.ws = ws
         self.subscriptions = subscriptions
         self.notify = notify
+        self.on_change = on_change
+        self._changed = False
         self.debounce_s = debounce_s
         self.max_delay_s = max_delay_s
         self.force_polling = force_polling
@@ -198,15 +207,40 @@ class SessionWatcher:
         if len(parts) == 2 and parts[1] in _INTERESTING:
             self.mark_dirty(parts[0])
 
+    def _note_change(self, path: str, kind: str) -> None:
+        """A dashboard's news: a file written, made, removed or renamed in the state directory. Readers of
+        SQLite make noise that is no news (they open read-write, so closing is a "closed"; they create the
+        WAL and -shm, and the last one out deletes the WAL), so of the WAL only a write counts."""
+        try:
+            parts = Path(path).relative_to(self.ws.paths.root).parts
+        except ValueError:
+            return
+        if not parts or parts[0] in _NOT_STATE or is_temp_name(parts[-1]) or parts[-1].endswith("-shm"):
+            return  # locks, temporary files and SQLite's shared memory say nothing new
+        if parts[-1].endswith("-wal") and kind != "modified":
+            return
+        self._mark_changed()
+
+    def _mark_changed(self) -> None:
+        with self._cond:
+            self._changed = True
+            self._last_event = time.monotonic()
+            self._cond.notify()
+
     def _on_event(self, event) -> None:
         if event.event_type in ("opened", "closed_no_write"):
             return  # reads, including our own, change nothing
+        news = self.on_change is not None and event.event_type in _NEWS and not event.is_directory
         for path in event_paths(event):
+            if news:
+                self._note_change(path, event.event_type)
             self._on_path(path)
 
     def _start_observer(self) -> None:
         folder = self.ws.paths.sessions
         folder.mkdir(parents=True, exist_ok=True)
+        if self.on_change is not None:
+            folder = self.ws.paths.root
         self._observer = start_observer(event_handler(self._on_event), folder, recursive=True,
                                         force_polling=self.force_polling, poll_interval_s=self.poll_interval_s, log=log)
         self.observer_kind = type(self._observer).__name__
@@ -240,9 +274,10 @@ class SessionWatcher:
                 changed.append(uri)
         return changed
 
-    def _wait_for_dirty(self) -> set[str] | None:
+    def _wait_for_dirty(self) -> tuple[set[str], bool] | None:
+        """(dirty sessions, whether anything changed) once a burst of events is over; None: stopping."""
         with self._cond:
-            while not self._dirty and not self._stopping:
+            while not self._dirty and not self._changed and not self._stopping:
                 self._cond.wait()
             if self._stopping:
                 return None
@@ -256,15 +291,22 @@ class SessionWatcher:
                     break
                 self._cond.wait(min(quiet_at, deadline) - now)
             dirty, self._dirty = self._dirty, set()
-            return dirty
+            anything, self._changed = self._changed, False
+            return dirty, anything
 
     def _run(self) -> None:
         try:
             while True:
-                dirty = self._wait_for_dirty()
-                if dirty is None:
+                woken = self._wait_for_dirty()
+                if woken is None:
                     return
-                changed = self.check(dirty)
+                dirty, anything = woken
+                if anything and self.on_change is not None:
+                    try:
+                        self.on_change()
+                    except Exception as exc:  # noqa: BLE001 - the server may be shutting down
+                        log.debug("synapolis: change listener failed: %s", exc)
+                changed = self.check(dirty) if dirty else []
                 if changed:
                     try:
                         self.notify(changed)
@@ -281,6 +323,8 @@ class SessionWatcher:
     def _on_store_change(self, session_id: str | None) -> None:
         """A shared store's push (PostgreSQL LISTEN/NOTIFY: a signal stored on any machine); None after a
         (re)connection, when notices may have been lost: every subscribed session is checked again."""
+        if self.on_change is not None:  # the dashboard: news from another machine is news too
+            self._mark_changed()
         if session_id is not None:
             self.mark_dirty(session_id)
             return

@@ -93,6 +93,10 @@ class Transaction(abc.ABC):
         it has its Lamport clock raised to the signal's value (one round trip on a server)."""
 
     @abc.abstractmethod
+    def recent_signals(self, limit: int) -> list:
+        """The newest `limit` signals of the session, newest first, whoever they are for (the dashboard)."""
+
+    @abc.abstractmethod
     def find_signals(self, ref: str, limit: int = 100) -> list:
         """Signals whose id is `ref` (64 hex) or starts with it (a prefix)."""
 

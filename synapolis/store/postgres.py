@@ -365,6 +365,10 @@ class PostgresTransaction(base.Transaction):
             self._horizon = max(self._horizon, sequence)  # our own insert is ours to see
         return sequence
 
+    def recent_signals(self, limit):
+        return self._all(f"SELECT {_COLS} FROM signals s WHERE s.session_id = %s ORDER BY s.sequence DESC LIMIT %s",
+                         (self.session_id, int(limit)))
+
     def find_signals(self, ref, limit=100):
         if len(ref) == 64:
             return self._all(f"SELECT {_COLS} FROM signals s WHERE s.session_id = %s AND s.id = %s",

@@ -319,6 +319,10 @@ class SqliteTransaction(base.Transaction):
             self.raise_lamport(caller, signal["lamport"])
         return cursor.lastrowid
 
+    def recent_signals(self, limit):
+        return self.conn.execute(f"SELECT {_COLS} FROM signals s ORDER BY s.sequence DESC LIMIT ?",
+                                 (int(limit),)).fetchall()
+
     def find_signals(self, ref, limit=100):
         if len(ref) == 64:
             return self.conn.execute(f"SELECT {_COLS} FROM signals s WHERE s.id = ?", (ref,)).fetchall()

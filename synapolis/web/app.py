@@ -1,0 +1,204 @@
+"""The team server's web app: `/mcp` (the MCP server over streamable HTTP), `/` (the dashboard and its
+login), `/events` (server-sent change events), `/api/dashboard`, `/api/post`, `/api/status`, `/healthz`.
+
+People sign in with a token once (a form); the token then rides in a cookie that is HttpOnly (no script
+reads it) and SameSite=Strict (no other site's page sends it), and Secure over TLS. Posting also needs a
+CSRF token, an HMAC of the sign-in token under a key this process made, which only a page of ours can
+read. `/mcp` takes only the bearer header, never the cookie. Every library call runs on a worker thread.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+from contextlib import asynccontextmanager
+from hashlib import sha256
+from pathlib import Path
+
+import anyio
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from .. import dashboard, overview
+from ..errors import SynapolisError, UsageError
+from ..mcp.http import BearerGate, bearer, principal_for, session_manager
+from ..mcp.server import create_server
+from ..tokens import TokenBook, digest
+
+COOKIE = "synapolis_token"
+KEEPALIVE_S = 15.0
+_HTTP_STATUS = {1: 500, 2: 400, 3: 409, 4: 400, 5: 429, 6: 404, 7: 403, 8: 503}
+_PAGE = Path(__file__).with_name("dashboard.html")
+_LOGIN = Path(__file__).with_name("login.html")
+
+
+def _error(exc: SynapolisError) -> JSONResponse:
+    return JSONResponse(exc.to_json(), status_code=_HTTP_STATUS.get(exc.exit_code, 500))
+
+
+def _refused() -> JSONResponse:
+    # the same answer whatever was wrong: no token, a wrong one, a revoked one
+    return JSONResponse({"error": {"type": "Unauthorized", "message": "a valid token is required"}},
+                        status_code=401, headers={"www-authenticate": 'Bearer realm="synapolis"'})
+
+
+def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=None,
+               force_polling: bool = False) -> Starlette:
+    server = create_server(state_dir, env, force_polling=force_polling)
+    state = server.state
+    book = TokenBook(state.workspace())
+    manager = session_manager(server, loopback=loopback)
+    poster = dashboard.Poster(state.workspace)
+    csrf_key = secrets.token_bytes(32)
+
+    def signed_in(request: Request):
+        """(token record, token, from the cookie?) for a valid bearer header or sign-in cookie, else None."""
+        token = bearer(request.headers)
+        from_cookie = token is None
+        if from_cookie:
+            token = request.cookies.get(COOKIE)
+        record = book.verify(token)
+        return None if record is None else (record, token, from_cookie)
+
+    def csrf_for(token: str) -> str:
+        return hmac.new(csrf_key, digest(token).encode(), sha256).hexdigest()
+
+    def collect() -> dict:
+        """The page's data. The server first holds a connection to each active session (as it does for the
+        sessions its tools work in): otherwise the page's own read, as the last connection out, would
+        checkpoint and delete a WAL, a change that fires the next event, and the page would refetch forever."""
+        ws = state.workspace()
+        for session_id in dashboard.shown_sessions(ws):
+            state.keep_open(ws, session_id)
+        return dashboard.collect(ws)
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"ok": True})
+
+    async def api_status(request: Request) -> Response:
+        if signed_in(request) is None:
+            return _refused()
+        return JSONResponse(await anyio.to_thread.run_sync(lambda: overview.collect(state.workspace())))
+
+    async def api_dashboard(request: Request) -> Response:
+        who = signed_in(request)
+        if who is None:
+            return _refused()
+        record, token, _ = who
+        data = await anyio.to_thread.run_sync(collect)
+        data["me"] = {"token": record["name"], "agent_id": record.get("agent_id"),
+                      "read_only": bool(record.get("read_only")), "csrf": csrf_for(token)}
+        data["changes"] = state.changes
+        return JSONResponse(data, headers={"cache-control": "no-store"})
+
+    async def events(request: Request) -> Response:
+        if signed_in(request) is None:
+            return _refused()
+
+        async def stream():
+            seen = state.changes
+            yield f"event: hello\ndata: {seen}\n\n"
+            while True:
+                now = await state.next_change(seen, KEEPALIVE_S)
+                if await request.is_disconnected():
+                    return
+                if now == seen:
+                    yield ": keepalive\n\n"
+                else:
+                    seen = now
+                    yield f"event: change\ndata: {seen}\n\n"
+
+        return StreamingResponse(stream(), media_type="text/event-stream",
+                                 headers={"cache-control": "no-store", "x-accel-buffering": "no"})
+
+    async def api_post(request: Request) -> Response:
+        who = signed_in(request)
+        if who is None:
+            return _refused()
+        record, token, from_cookie = who
+        form = await request.form()
+        if from_cookie:  # a browser: the page's CSRF token, and no other site's origin
+            origin = request.headers.get("origin")
+            if not hmac.compare_digest(str(form.get("csrf") or ""), csrf_for(token)) or (
+                    origin is not None and origin.split("://", 1)[-1] != request.headers.get("host")):
+                return JSONResponse({"error": {"type": "ForbiddenError", "message": "cross-site request refused",
+                                               "exit_code": 7}}, status_code=403)
+        principal = principal_for(record)
+
+        def post():
+            principal.check_may_write()
+            agent_id = principal.acting_as(_field(form, "agent_id") or None)
+            if agent_id is None:
+                raise UsageError("name the agent to post as (this token is not pinned to one)")
+            session_id = _field(form, "session_id")
+            if not session_id:
+                raise UsageError("pick a session")
+            if _field(form, "kind") == "signal":
+                return poster.post(record["name"], agent_id, session_id, to=_field(form, "to"),
+                                   content=_field(form, "content"), type=_field(form, "type") or "inform")
+            return poster.post(record["name"], agent_id, session_id, note=_field(form, "text"))
+
+        try:
+            result = await anyio.to_thread.run_sync(post)
+        except SynapolisError as exc:
+            return _error(exc)
+        return JSONResponse(result)
+
+    async def page(request: Request) -> Response:
+        if signed_in(request) is None:
+            return HTMLResponse(_LOGIN.read_text(encoding="utf-8").replace("{{message}}", ""),
+                                headers=_PAGE_HEADERS)
+        return HTMLResponse(_PAGE.read_text(encoding="utf-8"), headers=_PAGE_HEADERS)
+
+    async def login(request: Request) -> Response:
+        form = await request.form()
+        token = _field(form, "token").strip()
+        if book.verify(token) is None:
+            return HTMLResponse(_LOGIN.read_text(encoding="utf-8").replace(
+                "{{message}}", '<p class="error" role="alert">That token is not valid.</p>'),
+                status_code=401, headers=_PAGE_HEADERS)
+        response = RedirectResponse("/", status_code=303)
+        response.set_cookie(COOKIE, token, httponly=True, samesite="strict", secure=secure, path="/")
+        return response
+
+    async def logout(request: Request) -> Response:
+        response = RedirectResponse("/", status_code=303)
+        response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict", secure=secure)
+        return response
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        async with manager.run():
+            await state.start_change_feed()
+            yield
+
+    routes = [
+        Route("/healthz", healthz),
+        Route("/api/status", api_status),
+        Route("/api/dashboard", api_dashboard),
+        Route("/api/post", api_post, methods=["POST"]),
+        Route("/events", events),
+        Route("/login", login, methods=["POST"]),
+        Route("/logout", logout, methods=["POST"]),
+        Route("/", page),
+        Route("/mcp", BearerGate(StreamableHTTPASGIApp(manager), book)),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.synapolis = state
+    return app
+
+
+# nothing on the page comes from elsewhere, and nothing else may frame it
+_PAGE_HEADERS = {
+    "content-security-policy": "default-src 'self'; script-src 'self' 'unsafe-inline'; "
+                               "style-src 'self' 'unsafe-inline'; img-src 'self' data:; frame-ancestors 'none'",
+    "x-content-type-options": "nosniff", "referrer-policy": "no-referrer", "cache-control": "no-store",
+}
+
+
+def _field(form, name: str) -> str:
+    value = form.get(name)
+    return value if isinstance(value, str) else ""

@@ -1,0 +1,182 @@
+"""The dashboard of `synapolis serve` over plain HTTP (contract §13): sign-in and its cookie, what the page's
+data holds, CSRF-safe posting as the token's identity, and the change events that keep it live.
+(tests/test_dashboard_browser.py drives the page itself in Chromium.)"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("mcp")
+
+import httpx2  # noqa: E402
+
+LIVE_S = 2.0  # §13: the page updates within 2 s of a change in the store
+
+
+def sign_in(http, token):
+    answer = http.post("/login", data={"token": token}, follow_redirects=False)
+    assert answer.status_code == 303, answer.text
+    return answer
+
+
+def test_sign_in_sets_a_strict_httponly_cookie_and_a_wrong_token_gets_the_form_again(served):
+    token = served.token("ops", "--agent", "ops")
+    with httpx2.Client(base_url=served.url, timeout=10) as http:
+        form = http.get("/")
+        assert form.status_code == 200 and 'action="/login"' in form.text and "ops" not in form.text
+        assert "default-src 'self'" in form.headers["content-security-policy"]
+        wrong = http.post("/login", data={"token": "syn_nope"}, follow_redirects=False)
+        assert wrong.status_code == 401 and "not valid" in wrong.text and "set-cookie" not in wrong.headers
+        cookie = sign_in(http, token).headers["set-cookie"]
+        flags = {part.strip().lower() for part in cookie.split(";")}
+        assert "httponly" in flags and "samesite=strict" in flags and "path=/" in flags
+        assert "secure" not in flags  # plain HTTP on loopback; over TLS the cookie is Secure too
+        page = http.get("/")
+        assert 'id="agents"' in page.text and "<script" in page.text
+        # nothing on the page comes from elsewhere
+        assert "http://" not in page.text.replace("http://localhost", "") and "https://" not in page.text
+        assert http.post("/logout", follow_redirects=False).status_code == 303
+
+
+def test_dashboard_data_has_agents_incidents_signals_notes_whiteboard(served, cli):
+    token = served.token("viewer", "--read-only")
+    session = json.loads(cli("start", "--agent-id", "alice", "--json").stdout)["session_id"]
+    cli("start", "--agent-id", "bob", "--session-id", session)
+    cli("beat", "--task", "migrating the schema", "--agent-id", "alice")
+    cli("claim", "db/schema.sql", "--agent-id", "alice")
+    cli("signal", "bob", "take the API", "--agent-id", "alice")
+    cli("note", "schema frozen", "--agent-id", "bob")
+    cli("whiteboard-write", "release", "v2", "--agent-id", "bob")
+    with httpx2.Client(base_url=served.url, timeout=10, headers={"authorization": f"Bearer {token}"}) as http:
+        data = http.get("/api/dashboard").json()
+    agents = {a["agent_id"]: a for a in data["agents"]}
+    assert agents["alice"]["effective_status"] == "active" and agents["alice"]["task"] == "migrating the schema"
+    assert agents["alice"]["claims"] == ["db/schema.sql"] and agents["alice"]["host"]
+    (activity,) = data["activity"]
+    assert activity["session_id"] == session
+    assert [s["content"] for s in activity["signals"]] == ["take the API"]
+    assert [n["text"] for n in activity["notes"]] == ["schema frozen"]
+    assert activity["whiteboard"][0]["key"] == "release"
+    assert data["me"] == {"token": "viewer", "agent_id": None, "read_only": True, "csrf": data["me"]["csrf"]}
+    assert data["incidents"] == []
+
+
+def test_posting_needs_the_pages_csrf_token_and_posts_as_the_tokens_agent(served, cli):
+    session = json.loads(cli("start", "--agent-id", "alice", "--json").stdout)["session_id"]
+    token = served.token("carol", "--agent", "carol")
+    with httpx2.Client(base_url=served.url, timeout=10) as http:
+        sign_in(http, token)
+        csrf = http.get("/api/dashboard").json()["me"]["csrf"]
+        note = {"kind": "note", "session_id": session, "text": "from the page"}
+        assert http.post("/api/post", data=note).status_code == 403  # no CSRF token: a forged form
+        assert http.post("/api/post", data={**note, "csrf": "0" * 64}).status_code == 403
+        forged = http.post("/api/post", data={**note, "csrf": csrf}, headers={"origin": "https://evil.example"})
+        assert forged.status_code == 403
+        assert json.loads(cli("read-notes", "--session-id", session, "--json").stdout)["notes"] == []
+        posted = http.post("/api/post", data={**note, "csrf": csrf, "agent_id": "alice"})
+        assert posted.status_code == 403  # the token is carol's: the page cannot post as alice
+        posted = http.post("/api/post", data={**note, "csrf": csrf})
+        assert posted.status_code == 200, posted.text
+        signal = {"kind": "signal", "session_id": session, "to": "alice", "content": "ping", "csrf": csrf}
+        assert http.post("/api/post", data=signal).status_code == 200
+        again = http.post("/api/post", data={**note, "text": "second", "csrf": csrf})
+        assert again.status_code == 200, again.text
+    notes = json.loads(cli("read-notes", "--session-id", session, "--json").stdout)["notes"]
+    assert [(n["agent_id"], n["text"]) for n in notes] == [("carol", "from the page"), ("carol", "second")]
+    got = json.loads(cli("read-signals", "--agent-id", "alice", "--json").stdout)["signals"]
+    assert [(s["sender"], s["content"]) for s in got] == [("carol", "ping")]
+    # the person is registered, then stopped: never an agent that went silent
+    carol = json.loads((served.state_dir / "heartbeats" / "carol.json").read_text())
+    assert carol["status"] == "stopped" and carol["harness"] == "dashboard"
+
+
+def test_read_only_and_unpinned_tokens_on_the_page(served, cli):
+    session = json.loads(cli("start", "--agent-id", "alice", "--json").stdout)["session_id"]
+    viewer, team = served.token("viewer", "--read-only"), served.token("team")
+    with httpx2.Client(base_url=served.url, timeout=10) as http:
+        sign_in(http, viewer)
+        csrf = http.get("/api/dashboard").json()["me"]["csrf"]
+        refused = http.post("/api/post", data={"kind": "note", "session_id": session, "text": "x", "csrf": csrf})
+        assert refused.status_code == 403 and refused.json()["error"]["type"] == "ForbiddenError"
+    with httpx2.Client(base_url=served.url, timeout=10) as http:
+        sign_in(http, team)
+        csrf = http.get("/api/dashboard").json()["me"]["csrf"]
+        unnamed = http.post("/api/post", data={"kind": "note", "session_id": session, "text": "x", "csrf": csrf})
+        assert unnamed.status_code == 400  # not pinned: the person says who they post as
+        named = http.post("/api/post", data={"kind": "note", "session_id": session, "text": "hi", "csrf": csrf,
+                                             "agent_id": "dave"})
+        assert named.status_code == 200, named.text
+    notes = json.loads(cli("read-notes", "--session-id", session, "--json").stdout)["notes"]
+    assert [(n["agent_id"], n["text"]) for n in notes] == [("dave", "hi")]
+
+
+def test_change_events_arrive_within_two_seconds_of_a_cli_change(served, cli):
+    token = served.token("viewer", "--read-only")
+    events: list[tuple[float, str]] = []
+    ready = threading.Event()
+    started = [float("inf")]
+
+    def listen():
+        with httpx2.Client(base_url=served.url, timeout=30) as http:
+            with http.stream("GET", "/events", headers={"authorization": f"Bearer {token}"}) as stream:
+                for line in stream.iter_lines():
+                    if line.startswith("event: "):
+                        events.append((time.monotonic(), line[7:]))
+                        if line == "event: hello":
+                            ready.set()
+                        if line == "event: change" and events[-1][0] > started[0]:
+                            return
+
+    thread = threading.Thread(target=listen, daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    started[0] = time.monotonic()
+    done = cli("start", "--agent-id", "newcomer")
+    finished = time.monotonic()
+    assert done.returncode == 0
+    thread.join(LIVE_S + 5)
+    changes = [at for at, kind in events if kind == "change" and at > started[0]]
+    assert changes, events
+    assert changes[0] - finished < LIVE_S  # measured from the CLI's exit, its own start-up aside
+
+
+
+def test_an_open_page_with_nothing_changing_hears_no_change(served, cli):
+    """The page refetches on every change event; its own reads must never cause one (SQLite readers open,
+    close, create and delete files; were those news, the page would refetch forever)."""
+    cli("start", "--agent-id", "alice")
+    token = served.token("viewer", "--read-only")
+    auth = {"authorization": f"Bearer {token}"}
+    changes: list[float] = []
+    hello = threading.Event()
+    stop = threading.Event()
+
+    def page():
+        try:
+            with httpx2.Client(base_url=served.url, timeout=30, headers=auth) as http:
+                with http.stream("GET", "/events") as stream:
+                    for line in stream.iter_lines():
+                        if stop.is_set():
+                            return
+                        if line in ("event: hello", "event: change"):
+                            if line == "event: change":
+                                changes.append(time.monotonic())
+                            http.get("/api/dashboard").raise_for_status()  # what the page does on an event
+                            hello.set()
+        except httpx2.HTTPError:
+            if not stop.is_set():  # the server going away at the end of the test is expected
+                raise
+
+    thread = threading.Thread(target=page, daemon=True)
+    thread.start()
+    assert hello.wait(10)
+    quiet_until = time.monotonic() + LIVE_S
+    stop.wait(LIVE_S)  # a window in which nothing changes: the page's reads alone
+    # the server's first read of a session may leave one trace (it then holds the session open); a page
+    # that fed itself would have refetched dozens of times in this window
+    assert len([at for at in changes if at < quiet_until]) <= 1, changes
+    stop.set()

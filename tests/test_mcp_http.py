@@ -1,0 +1,360 @@
+"""The team server's MCP over streamable HTTP (contract §13), with the SDK's own HTTP client against a real
+`synapolis serve` process: every tool, tokens (none, wrong, pinned, read-only, revoked), identity per client,
+push from another process."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import anyio
+import pytest
+
+pytest.importorskip("mcp")
+pytestmark = pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning")
+
+import httpx2  # noqa: E402  (the SDK's HTTP client library)
+from mcp import MCPError  # noqa: E402
+
+from conftest import DEADLINE_S, Inbox, fails, mcp_http_client, ok, start_server  # noqa: E402
+from synapolis.mcp.watch import inbox_uri, notes_uri  # noqa: E402
+
+LEGACY, MODERN = "legacy", "2026-07-28"
+MODES = [LEGACY, MODERN]
+PUSH_S = 2.0  # §13: push over HTTP within 2 s of a CLI signal
+
+
+def run(fn, *args):
+    anyio.run(fn, *args)
+
+
+def tree(root) -> dict:
+    """Every file under `root` with its size and mtime: what "nothing written" compares (SQLite's shared
+    memory file changes on every read, so it is left out)."""
+    out = {}
+    for folder, _dirs, files in os.walk(root):
+        for name in files:
+            if name.endswith("-shm"):
+                continue
+            path = os.path.join(folder, name)
+            st = os.stat(path)
+            out[os.path.relpath(path, root)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+              "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                         "clientInfo": {"name": "probe", "version": "0"}}}
+CALL = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "start_session", "arguments": {"agent_id": "mallory"}}}
+HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_tool_over_http(served, cli, mode):
+    alice_token = served.token("alice", "--agent", "alice")
+    bob_token = served.token("bob", "--agent", "bob")
+
+    async def main():
+        async with mcp_http_client(served.url, alice_token, mode) as a, \
+                mcp_http_client(served.url, bob_token, mode) as b:
+            assert len((await a.list_tools()).tools) == 15
+            session = (await ok(a, "start_session"))["session_id"]  # the token names the agent
+            assert (await ok(b, "start_session", session_id=session))["agent_id"] == "bob"
+            assert (await ok(a, "beat", task="http", session_id=session))["heartbeat"]["task"] == "http"
+            sent = await ok(a, "signal", to="bob", content="over http", session_id=session)
+            assert sent["signal"]["sender"] == "alice"
+            unread = await ok(b, "read_signals", session_id=session)
+            assert [s["content"] for s in unread["signals"]] == ["over http"]
+            assert (await ok(b, "signals_pending", session_id=session))["pending_signals"][0]["content"] == "over http"
+            assert (await ok(b, "ack_signals", all=True, session_id=session))["acked"] == [sent["signal"]["id"]]
+            assert (await ok(a, "note", text="noted over http", session_id=session))["note"]["agent_id"] == "alice"
+            assert [n["text"] for n in (await ok(b, "read_notes", session_id=session))["notes"]] == ["noted over http"]
+            assert {x["id"] for x in (await ok(b, "list_agents", session_id=session))["agents"]} == {"alice", "bob"}
+            await ok(a, "write_whiteboard", key="k", value="v", session_id=session)
+            assert (await ok(b, "read_whiteboard", key="k", session_id=session))["entry"]["value"] == "v"
+            held = await ok(a, "claim", item="src/app.py", session_id=session)
+            await ok(b, "claim_check", item="src/app.py", token=held["claim"]["token"])
+            await fails(b, "release", "ForbiddenError", 7, item="src/app.py", session_id=session)
+            await ok(a, "release", item="src/app.py", session_id=session)
+            assert (await ok(a, "tired", memories=["http works"], session_id=session))["outcome"] == "standby"
+            assert (await ok(b, "tired", session_id=session))["outcome"] == "consolidated"
+            # the resources too: bob reads his own inbox; the notes read as nobody
+            notes = json.loads((await b.read_resource(notes_uri(session))).contents[0].text)
+            assert [n["text"] for n in notes["notes"]] == ["noted over http"]
+            return session
+
+        return session
+
+    session = anyio.run(main)
+    # what another process sees: the CLI reads the note and the consolidated memory
+    notes = json.loads(cli("read-notes", "--session-id", session, "--json").stdout)
+    assert [n["text"] for n in notes["notes"]] == ["noted over http"]
+    ledger = (served.state_dir / "memory" / "ledger.jsonl").read_text()
+    assert "http works" in ledger
+
+
+def test_no_or_wrong_token_is_401_and_writes_nothing(served, cli):
+    served.token("real")
+    cli("start", "--agent-id", "secret-agent")
+    before = tree(served.state_dir)
+    with httpx2.Client(base_url=served.url, timeout=10) as http:
+        for headers in ({}, {"authorization": "Bearer syn_wrong"}, {"authorization": "Basic cmVhbDpyZWFs"},
+                        {"authorization": "Bearer"}, {"authorization": "Bearer " + "x" * 5000}):
+            for body in (INITIALIZE, CALL):
+                answer = http.post("/mcp", json=body, headers={**HEADERS, **headers})
+                assert answer.status_code == 401, answer.text
+                assert "secret-agent" not in answer.text and "mallory" not in answer.text
+                assert answer.headers["www-authenticate"].startswith("Bearer")
+            for path in ("/api/status", "/api/dashboard", "/events"):
+                answer = http.get(path, headers=headers)
+                assert answer.status_code == 401 and "secret-agent" not in answer.text
+            assert http.post("/api/post", data={"kind": "note", "text": "x"}, headers=headers).status_code == 401
+        assert http.get("/healthz").json() == {"ok": True}
+    assert tree(served.state_dir) == before  # not even a last-used time
+
+    async def main():
+        async with mcp_http_client(served.url, "syn_wrong") as c:
+            await c.list_tools()
+
+    with pytest.raises(Exception):
+        run(main)
+    assert tree(served.state_dir) == before
+
+
+def test_api_status_is_status_json(served, cli):
+    token = served.token("viewer", "--read-only")
+    cli("start", "--agent-id", "carol")
+    with httpx2.Client(base_url=served.url, timeout=10) as http:
+        over_http = http.get("/api/status", headers={"authorization": f"Bearer {token}"}).json()
+    local = json.loads(cli("status", "--json").stdout)
+    for doc in (over_http, local):
+        doc.pop("generated_at")
+        for agent in doc["agents"]:
+            agent.pop("age_s")
+    assert over_http == local and [a["agent_id"] for a in local["agents"]] == ["carol"]
+
+
+@pytest.mark.parametrize("mode", [LEGACY])
+def test_two_clients_of_one_server_never_act_as_each_other(served, mode):
+    shared = served.token("team")  # one token, not pinned: each client is whoever it started as
+
+    async def main():
+        async with mcp_http_client(served.url, shared, mode) as a, mcp_http_client(served.url, shared, mode) as b:
+            session = (await ok(a, "start_session", agent_id="alice"))["session_id"]
+            await ok(b, "start_session", agent_id="bob", session_id=session)
+            for _ in range(3):  # interleaved: neither start overwrote the other's identity
+                assert (await ok(a, "beat"))["heartbeat"]["agent_id"] == "alice"
+                assert (await ok(b, "beat"))["heartbeat"]["agent_id"] == "bob"
+            assert (await ok(a, "signal", to="bob", content="from a"))["signal"]["sender"] == "alice"
+            assert (await ok(b, "note", text="from b"))["note"]["agent_id"] == "bob"
+            # a third client with the same token never started: it is nobody, not the last one to start
+            async with mcp_http_client(served.url, shared, mode) as c:
+                await fails(c, "beat", "NoIdentityError", 4)
+                with pytest.raises(MCPError):
+                    await c.read_resource(inbox_uri(session, "bob"))
+
+    run(main)
+
+
+def test_modern_http_remembers_nothing_and_never_borrows_the_servers_identity(served, cli):
+    """2026-07-28 over HTTP has no sessions: an unpinned client names itself on each call. The identity.json
+    of the server's machine is never its identity (nor lends it a run token)."""
+    local = json.loads(cli("start", "--agent-id", "local-agent", "--json").stdout)
+    token = served.token("team")
+
+    async def main():
+        async with mcp_http_client(served.url, token, MODERN) as c:
+            await fails(c, "beat", "NoIdentityError", 4)  # not local-agent of identity.json
+            started = await ok(c, "start_session", agent_id="remote", session_id=local["session_id"])
+            await fails(c, "note", "NoIdentityError", 4, text="who am I?")
+            noted = await ok(c, "note", text="named", agent_id="remote", session_id=started["session_id"],
+                             run_token=started["run_token"])
+            assert noted["note"]["agent_id"] == "remote"
+
+    run(main)
+    identity = json.loads((served.state_dir / "identity.json").read_text())
+    assert identity["agent_id"] == "local-agent"  # a remote start_session never rewrites it
+
+
+def test_pinned_token_cannot_act_as_another_agent(served, cli):
+    cli("start", "--agent-id", "bob")
+    token = served.token("alice", "--agent", "alice")
+
+    async def main():
+        async with mcp_http_client(served.url, token) as a:
+            await fails(a, "start_session", "ForbiddenError", 7, agent_id="bob")
+            session = (await ok(a, "start_session"))["session_id"]
+            bob_beat = (served.state_dir / "heartbeats" / "bob.json").read_text()
+            for tool, args in (("beat", {}), ("note", {"text": "as bob"}), ("signal", {"to": "*", "content": "x"}),
+                               ("claim", {"item": "ticket:1"}), ("tired", {}),
+                               ("read_signals", {}), ("signals_pending", {})):
+                await fails(a, tool, "ForbiddenError", 7, agent_id="bob", **args)
+            await fails(a, "signal", "ForbiddenError", 7, to="*", content="x", sender_id="bob")
+            with pytest.raises(MCPError):
+                await a.read_resource(inbox_uri(session, "bob"))
+            assert (served.state_dir / "heartbeats" / "bob.json").read_text() == bob_beat
+            # its own sub-agents are its own
+            sent = await ok(a, "signal", to="*", content="from my helper", sender_id="alice.helper")
+            assert sent["signal"]["sender"] == "alice.helper"
+            return session
+
+    session = anyio.run(main)
+    notes = json.loads(cli("read-notes", "--session-id", session, "--json").stdout)["notes"]
+    assert notes == []
+    assert json.loads(cli("claims", "--json").stdout)["claims"] == []
+
+
+def test_read_only_token_reads_and_never_writes(served, cli):
+    started = json.loads(cli("start", "--agent-id", "alice", "--json").stdout)
+    session = started["session_id"]
+    cli("note", "hello", "--agent-id", "alice")
+    cli("whiteboard-write", "k", "v", "--agent-id", "alice")
+    token = served.token("viewer", "--read-only")
+    before = tree(served.state_dir / "sessions")
+    beat_before = (served.state_dir / "heartbeats" / "alice.json").read_text()
+
+    async def main():
+        async with mcp_http_client(served.url, token) as r:
+            assert [n["text"] for n in (await ok(r, "read_notes", session_id=session))["notes"]] == ["hello"]
+            assert [a["id"] for a in (await ok(r, "list_agents", session_id=session))["agents"]] == ["alice"]
+            assert (await ok(r, "read_whiteboard", key="k", session_id=session))["entry"]["value"] == "v"
+            notes = json.loads((await r.read_resource(notes_uri(session))).contents[0].text)
+            assert [n["text"] for n in notes["notes"]] == ["hello"]
+            for tool, args in (("start_session", {}), ("beat", {}), ("note", {"text": "x"}),
+                               ("signal", {"to": "*", "content": "x"}), ("write_whiteboard", {"key": "a", "value": "b"}),
+                               ("claim", {"item": "ticket:1"}), ("release", {"item": "ticket:1"}), ("tired", {}),
+                               ("ack_signals", {"all": True}), ("read_signals", {}), ("signals_pending", {})):
+                await fails(r, tool, "ForbiddenError", 7, **args)
+            await fails(r, "read_notes", "ForbiddenError", 7, agent_id="alice", session_id=session)
+            with pytest.raises(MCPError):
+                await r.read_resource(inbox_uri(session, "alice"))
+
+    run(main)
+    assert tree(served.state_dir / "sessions") == before
+    assert (served.state_dir / "heartbeats" / "alice.json").read_text() == beat_before
+
+
+def test_revoked_token_is_refused_from_the_next_request(served, cli):
+    token = served.token("laptop")
+
+    async def main():
+        async with mcp_http_client(served.url, token) as c:
+            await ok(c, "start_session", agent_id="alice")
+            await ok(c, "beat")
+            revoked = await anyio.to_thread.run_sync(lambda: cli("tokens", "revoke", "laptop"))
+            assert revoked.returncode == 0, revoked.stderr
+            with pytest.raises(Exception):
+                await c.call_tool("beat", {})
+
+    run(main)
+    with httpx2.Client(base_url=served.url, timeout=10) as http:
+        assert http.post("/mcp", json=INITIALIZE, headers={**HEADERS, "authorization": f"Bearer {token}"}
+                         ).status_code == 401
+    listed = json.loads(cli("tokens", "list", "--json").stdout)
+    assert listed == {"tokens": []}
+
+
+def test_tokens_are_stored_as_hashes_private_and_last_used(served, cli):
+    token = served.token("laptop", "--agent", "alice")
+    path = served.state_dir / "tokens.json"
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    assert token not in path.read_text() and token.startswith("syn_")
+    assert json.loads(cli("tokens", "list", "--json").stdout)["tokens"][0]["last_used_at"] is None
+    with httpx2.Client(base_url=served.url, timeout=10) as http:
+        assert http.get("/api/status", headers={"authorization": f"Bearer {token}"}).status_code == 200
+    listed = json.loads(cli("tokens", "list", "--json").stdout)["tokens"][0]
+    assert listed["name"] == "laptop" and listed["agent_id"] == "alice" and listed["last_used_at"]
+    assert "sha256" not in listed and "token" not in listed
+    again = cli("tokens", "create", "laptop")
+    assert again.returncode == 3 and "laptop" in again.stderr
+    for bad in (("tokens", "create", "../x"), ("tokens", "create", "ok", "--agent", "a/b")):
+        assert cli(*bad).returncode == 2
+    assert cli("tokens", "revoke", "nobody").returncode == 6
+
+
+def test_push_over_http_within_two_seconds_of_a_cli_signal(served, cli):
+    token = served.token("bob", "--agent", "bob")
+
+    async def main():
+        seen = Inbox()
+        async with mcp_http_client(served.url, token, message_handler=seen) as b:
+            session = (await ok(b, "start_session"))["session_id"]
+            await anyio.to_thread.run_sync(lambda: cli("start", "--agent-id", "alice", "--session-id", session))
+            mine = inbox_uri(session, "bob")
+            await b.session.subscribe_resource(mine)
+            sent_at = time.monotonic()
+            done = await anyio.to_thread.run_sync(lambda: cli("signal", "bob", "pushed", "--agent-id", "alice"))
+            assert done.returncode == 0, done.stderr
+            await seen.wait_for(mine, DEADLINE_S)
+            # measured from the CLI's exit: the CLI's own start-up is not the server's delay
+            assert time.monotonic() - sent_at < PUSH_S + 1.5
+            doc = json.loads((await b.read_resource(mine)).contents[0].text)
+            assert [s["content"] for s in doc["signals"]] == ["pushed"]
+
+        # the 2026-07-28 way: a listen stream
+        async with mcp_http_client(served.url, token, MODERN) as m:
+            async with m.listen(resource_subscriptions=[mine]) as stream:
+                done = await anyio.to_thread.run_sync(lambda: cli("signal", "bob", "again", "--agent-id", "alice"))
+                assert done.returncode == 0
+                with anyio.fail_after(PUSH_S):
+                    event = await stream.__anext__()
+                assert event.uri == mine
+
+    run(main)
+
+
+def test_serve_refuses_a_wide_address_without_tokens_and_warns_over_plain_http(state_dir, cli):
+    refused = cli("serve", "--host", "0.0.0.0", "--port", "0")
+    assert refused.returncode == 2 and "token" in refused.stderr
+    assert cli("serve", "--certfile", "/nonexistent").returncode == 2
+    cli("tokens", "create", "t")
+    proc, url = start_server(state_dir, "--host", "0.0.0.0")
+    try:
+        port = url.rsplit(":", 1)[1]
+        with httpx2.Client(timeout=10) as http:
+            assert http.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    said = "".join(proc.said)
+    assert "warning" in said and "TLS" in said
+
+
+def test_tls_with_certfile_and_keyfile(state_dir, cli, tmp_path):
+    import shutil
+    import ssl
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is needed to make a test certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"], check=True, capture_output=True)
+    token = json.loads(cli("tokens", "create", "tls", "--json").stdout)["token"]
+    proc, url = start_server(state_dir, "--certfile", cert, "--keyfile", key)
+    try:
+        assert url.startswith("https://127.0.0.1:")
+        trust = ssl.create_default_context(cafile=str(cert))
+        with httpx2.Client(base_url=url, verify=trust, timeout=10) as http:
+            assert http.get("/healthz").json() == {"ok": True}
+            cookie = http.post("/login", data={"token": token}, follow_redirects=False).headers["set-cookie"]
+            assert "secure" in {part.strip().lower() for part in cookie.split(";")}
+        with pytest.raises(httpx2.HTTPError):  # plain HTTP on the TLS port is no way in
+            httpx2.get(url.replace("https://", "http://") + "/healthz", timeout=5)
+
+        async def main():
+            from mcp import Client
+            from mcp.client.streamable_http import streamable_http_client
+
+            http = httpx2.AsyncClient(verify=trust, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+            async with Client(streamable_http_client(url + "/mcp", http_client=http), mode=LEGACY) as c:
+                assert (await ok(c, "start_session", agent_id="over-tls"))["agent_id"] == "over-tls"
+
+        run(main)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert not any("warning" in line for line in proc.said)  # TLS on loopback: nothing to warn about
