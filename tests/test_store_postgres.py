@@ -337,9 +337,10 @@ def test_postgres_url_without_the_driver_is_exit_2_with_the_install_command(tmp_
     assert 'pip install "synapolis[postgres]"' in out.stderr and "Traceback" not in out.stderr
 
 
-def test_push_from_another_machines_cli_reaches_a_subscriber(machines):
-    """LISTEN/NOTIFY: a signal sent by the runner's CLI wakes the laptop's MCP watcher for alice's inbox."""
-    from synapolis.mcp.watch import SessionWatcher, Subscriptions, current_value
+def _subscribed_to_alice(machines):
+    """alice on the laptop, bob on the runner, and a subscription to alice's inbox: (laptop, runner, sid, uri,
+    subscriptions)."""
+    from synapolis.mcp.watch import Subscriptions, current_value
 
     laptop, runner = machines
     sid = actions.start(laptop, agent_id="alice", session_id="s1", env={})["session_id"]
@@ -347,6 +348,14 @@ def test_push_from_another_machines_cli_reaches_a_subscriber(machines):
     uri = f"synapolis://session/{sid}/inbox/alice"
     subscriptions = Subscriptions()
     subscriptions.add(uri, "client-1", current_value(laptop, uri))
+    return laptop, runner, sid, uri, subscriptions
+
+
+def test_push_from_another_machines_cli_reaches_a_subscriber(machines):
+    """LISTEN/NOTIFY: a signal sent by the runner's CLI wakes the laptop's MCP watcher for alice's inbox."""
+    from synapolis.mcp.watch import SessionWatcher
+
+    laptop, runner, sid, uri, subscriptions = _subscribed_to_alice(machines)
     woken = threading.Event()
     notified = []
 
@@ -509,14 +518,9 @@ def test_a_subscriber_that_lost_its_connection_rechecks_when_back(machines):
     sends its NOTIFY to nobody, yet the subscriber is told once the listener is back."""
     import psycopg
 
-    from synapolis.mcp.watch import SessionWatcher, Subscriptions, current_value
+    from synapolis.mcp.watch import SessionWatcher
 
-    laptop, runner = machines
-    sid = actions.start(laptop, agent_id="alice", session_id="s1", env={})["session_id"]
-    actions.start(runner, agent_id="bob", session_id=sid, env={})
-    uri = f"synapolis://session/{sid}/inbox/alice"
-    subscriptions = Subscriptions()
-    subscriptions.add(uri, "client-1", current_value(laptop, uri))
+    laptop, runner, sid, uri, subscriptions = _subscribed_to_alice(machines)
     woken = threading.Event()
     watcher = SessionWatcher(laptop, subscriptions, lambda uris: woken.set()).start()
     admin = psycopg.connect(laptop.config.store, autocommit=True)
