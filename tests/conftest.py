@@ -213,6 +213,16 @@ _SESSION_TABLES = ("agents", "signals", "signal_reads", "signal_deliveries", "se
                    "rate_buckets")
 
 
+def sqlite_rows(ws, session_id, sql, *args) -> list[tuple]:
+    """Rows (as tuples) read straight from a session's SQLite `session.db`, bypassing the store."""
+    import sqlite3
+    conn = sqlite3.connect(str(ws.paths.session_db(session_id)))
+    try:
+        return conn.execute(sql, args).fetchall()
+    finally:
+        conn.close()
+
+
 def store_rows(ws, session_id, sql, args=()) -> list[dict]:
     """Rows (as dicts) read straight from the store's database with `sql` (SQLite's `?` placeholders):
     that session's session.db, or the session's rows of the PostgreSQL database (each EP-0118 table name

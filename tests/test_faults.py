@@ -12,12 +12,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sqlite3
 import sys
 
 import pytest
 
-from conftest import ago, fault_steps, heartbeat_doc, jsonl_is_whole, run_faulty
+from conftest import sqlite_rows, ago, fault_steps, heartbeat_doc, jsonl_is_whole, run_faulty
 from synapolis import actions, monitor, sleep
 from synapolis.atomic import is_temp_name
 from synapolis.timeutil import utcnow
@@ -50,14 +49,6 @@ def _copy(base, tmp_path):
     return Workspace.open(target), sid
 
 
-def _rows(ws, sid, sql, *args):
-    conn = sqlite3.connect(str(ws.paths.session_db(sid)))
-    try:
-        return conn.execute(sql, args).fetchall()
-    finally:
-        conn.close()
-
-
 def assert_nothing_torn(ws, sid) -> None:
     for folder, _dirs, names in os.walk(ws.root):
         for name in names:
@@ -68,7 +59,7 @@ def assert_nothing_torn(ws, sid) -> None:
                 jsonl_is_whole(path)
             elif name.endswith(".json"):
                 json.loads(open(path, "rb").read())
-    assert _rows(ws, sid, "PRAGMA integrity_check") == [("ok",)]
+    assert sqlite_rows(ws, sid, "PRAGMA integrity_check") == [("ok",)]
 
 
 ALICE = ("--agent-id", "alice")
@@ -88,12 +79,12 @@ def _note_done(ws, sid):
 
 
 def _signal_done(ws, sid):
-    count = len(_rows(ws, sid, "SELECT id FROM signals WHERE content = 'fault signal'"))
+    count = len(sqlite_rows(ws, sid, "SELECT id FROM signals WHERE content = 'fault signal'"))
     return count == 1, count <= 1
 
 
 def _whiteboard_done(ws, sid):
-    return _rows(ws, sid, "SELECT value FROM session_state WHERE key = 'fault-key'") == [("v",)], True
+    return sqlite_rows(ws, sid, "SELECT value FROM session_state WHERE key = 'fault-key'") == [("v",)], True
 
 
 def _claim_state(ws, item, event):
@@ -133,7 +124,7 @@ MEMORIES = ["bob remembers one", "bob remembers two", "alice remembers"]
 
 def _tired_done(ws, sid):
     ledger = [line.get("text") for line in jsonl_is_whole(ws.paths.memory_ledger)]
-    staged = [json.loads(r[0])["text"] for r in _rows(ws, sid, "SELECT memory_data FROM staged_memories")]
+    staged = [json.loads(r[0])["text"] for r in sqlite_rows(ws, sid, "SELECT memory_data FROM staged_memories")]
     ended = json.loads(ws.paths.session_json(sid).read_text())["status"] == "ended"
     bobs = MEMORIES[:2]
     # nothing staged is ever lost: each of bob's memories is staged, or in the ledger (once), or both

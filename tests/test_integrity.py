@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from conftest import Holder, fill_to, jsonl_is_whole, pad_jsonl, run_limited
+from conftest import sqlite_rows, Holder, fill_to, jsonl_is_whole, pad_jsonl, run_limited
 from synapolis import actions, atomic, board, config as config_mod, schemas, sleep
 from synapolis.identity import Who
 from synapolis.errors import UsageError
@@ -34,14 +34,6 @@ def _pair(ws):
 
 def _notes(ws, sid):
     return [r for r in jsonl_is_whole(ws.paths.session_notes(sid)) if "text" in r]
-
-
-def _rows(ws, sid, sql, *args):
-    conn = sqlite3.connect(str(ws.paths.session_db(sid)))
-    try:
-        return conn.execute(sql, args).fetchall()
-    finally:
-        conn.close()
 
 
 # -- appends under a file-size limit --------------------------------------------------------------
@@ -97,13 +89,13 @@ def test_the_last_tired_keeps_staged_memories_until_the_ledger_holds_them(ws, cl
     out = run_limited(ws.root, "tired", *alice, "--json", fsize=LIMIT)
     assert out.returncode == 1 and "nothing was appended" in out.stderr, out.stderr
     assert os.path.getsize(ws.paths.memory_ledger) == before
-    assert len(_rows(ws, sid, "SELECT id FROM staged_memories")) == 10  # nothing staged was lost
+    assert len(sqlite_rows(ws, sid, "SELECT id FROM staged_memories")) == 10  # nothing staged was lost
     assert json.loads(ws.paths.session_json(sid).read_text())["status"] == "active"
     out = cli("tired", *alice, "--json")  # room again: the same merge goes through
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["merged"] == 10
     texts = [line["text"] for line in jsonl_is_whole(ws.paths.memory_ledger) if "text" in line]
-    assert texts == memories and _rows(ws, sid, "SELECT id FROM staged_memories") == []
+    assert texts == memories and sqlite_rows(ws, sid, "SELECT id FROM staged_memories") == []
 
 
 def test_the_ledger_append_is_read_back_before_staging_is_cleared(ws, monkeypatch):
@@ -115,7 +107,7 @@ def test_the_ledger_append_is_read_back_before_staging_is_cleared(ws, monkeypatc
     with pytest.raises(OSError, match="read back differs"):
         sleep.tired(ws, Who("alice", sid), env={})
     monkeypatch.undo()
-    assert len(_rows(ws, sid, "SELECT id FROM staged_memories")) == 1
+    assert len(sqlite_rows(ws, sid, "SELECT id FROM staged_memories")) == 1
     assert jsonl_is_whole(ws.paths.memory_ledger) == []
 
 
@@ -152,7 +144,7 @@ def test_verbs_on_a_full_disk_are_all_or_nothing(small_fs, free):
     events = jsonl_is_whole(ws.paths.claims_log)
     assert held.exists() == (claim.returncode == 0) == any(e["item"] == "job" for e in events)
     ledger = [line for line in jsonl_is_whole(ws.paths.memory_ledger) if "text" in line]
-    staged = _rows(ws, sid, "SELECT id FROM staged_memories")
+    staged = sqlite_rows(ws, sid, "SELECT id FROM staged_memories")
     if tired.returncode == 0:
         assert len(ledger) == 1 and staged == []
     else:
@@ -194,8 +186,8 @@ def test_a_locked_store_either_applies_a_verb_with_exit_0_or_nothing_with_exit_8
         out = cli("release", "mine", *alice, "--json")
         assert out.returncode == 0 and json.loads(out.stdout)["claim"]["released_at"], out.stderr
     assert [e["event"] for e in jsonl_is_whole(ws.paths.claims_log)[events:]] == ["claimed", "released"]
-    assert _rows(ws, sid, "SELECT content FROM signals WHERE content = 'during'") == []
-    assert _rows(ws, sid, "SELECT key FROM session_state") == []
+    assert sqlite_rows(ws, sid, "SELECT content FROM signals WHERE content = 'during'") == []
+    assert sqlite_rows(ws, sid, "SELECT key FROM session_state") == []
     assert cli("note", "after", *alice).returncode == 0
     assert [n["text"] for n in _notes(ws, sid)] == ["after"]
 
