@@ -213,7 +213,6 @@ def file_signature(path) -> tuple | None:
     return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
 
 
-
 def read_json(path: Path | str):
     """Parse a JSON file; raises FileNotFoundError, or ValueError for anything unparseable."""
     raw = read_bytes(path)
