@@ -223,16 +223,33 @@ def ack_signals(ws, who: Who | None, ids, *, all: bool = False, env=None, piggyb
 ACKED_SHOWN = 1000  # ids an ack answer lists (the oldest); `acked_count` says how many were acked
 
 
+WITHHELD_SHOWN = 500  # undelivered signals a `withheld` answer lists (the oldest)
+
+
 def signals_pending(ws, who: Who | None = None, *, env=None, method: str = "poll", limit: int | None = None,
-                    budget_chars: int | None = None, now: datetime | None = None) -> dict:
-    """Drain the caller's undelivered signals (`poll`; hooks pass `hook`, which also redelivers)."""
+                    budget_chars: int | None = None, fits=None, status: str | None = None,
+                    withheld: bool = False, now: datetime | None = None) -> dict:
+    """Drain the caller's undelivered signals (`poll`; hooks pass `hook`, which also redelivers).
+
+    A page as big as read_signals' unless `limit`/`budget_chars` say otherwise; `fits(taken, candidate)`
+    (a hook's answer budget) instead decides signal by signal, oldest first, so exactly the signals that
+    fit are marked delivered. `status` goes into the heartbeat refresh (a hook: `active`). `withheld` adds
+    the caller's unread signals still undelivered after the drain (the oldest WITHHELD_SHOWN), read in
+    the same transaction: what a hook summarises instead of showing.
+    """
     _check_limit(limit)
+    if budget_chars is None and fits is None:
+        budget_chars = sig.PAGE_BUDGET_CHARS
     with as_agent(ws, who, env=env, piggyback=True, method=method, now=now) as call:
-        call.beat_now()  # outside the write lock: the file write need not serialize writers
+        # outside the write lock: the file write need not serialize writers
+        call.beat_now({"status": status} if status else None)
         with call.store.write() as conn:
-            # a page as big as read_signals' (the hooks pass their own cap)
-            return call.finish({}, conn, limit=sig.PAGE_LIMIT if limit is None else limit,
-                               budget_chars=sig.PAGE_BUDGET_CHARS if budget_chars is None else budget_chars)
+            result = call.finish({}, conn, limit=sig.PAGE_LIMIT if limit is None else limit,
+                                 budget_chars=budget_chars, fits=fits)
+            if withheld:
+                result["withheld"] = [s for s in sig.unread(conn, call.agent_id, limit=WITHHELD_SHOWN)
+                                      if s.get("delivered_at") is None]
+            return result
 
 
 def inbox(ws, who: Who | None, session_id: str, agent_id: str, *, env=None, method: str = "push",
@@ -532,17 +549,12 @@ def release(ws, who: Who | None, item: str, *, force: bool = False, reason: str 
         return call.finish({"claim": dict(record), "event": getattr(record, "event", None)}, best_effort=True)
 
 
-def list_claims(ws, who: Who | None = None, *, env=None, piggyback: bool = True, now: datetime | None = None) -> dict:
-    """Every claim with its state; acts as the caller too when one resolves."""
-    from . import claims
-
-    with as_agent(ws, who, env=env, piggyback=piggyback, mutation=False, required=False, need_session=False,
-                  need_registration=False, now=now) as call:
-        return _finish_read(call, {"claims": claims.list_claims(ws, now)})
-
-
 def claim_check(ws, who: Who | None, item: str, token, *, env=None, now: datetime | None = None) -> dict:
-    """The fencing check: the live claim record, StaleToken (exit 7) or NotFoundError (exit 6)."""
+    """The fencing check: the live claim record, StaleToken (exit 7) or NotFoundError (exit 6).
+
+    It acts as nobody (a guarded write checks on its own, whoever runs it), so it delivers nothing; `who`
+    and `env` are accepted so every surface calls it like any verb. (Listing the claims is no agent's
+    verb either: the CLI's `claims` calls `claims.list_claims`, as the status screen does.)"""
     from . import claims
 
     return {"claim": claims.check(ws, item, token, now=now), "live": True, "pending_signals": [],

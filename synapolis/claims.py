@@ -652,9 +652,10 @@ def held_items(ws, now: datetime | None = None) -> dict[str, list[str]]:
     return {agent: sorted(items) for agent, items in held.items()}
 
 
-def list_claims(ws, now: datetime | None = None) -> list[dict]:
+def list_claims(ws, now: datetime | None = None, *, held_only: bool = False) -> list[dict]:
     """Every claim file with its `state` (held/expired/released), the holder's effective status and
-    whether another agent could take it now; an unreadable file is listed with state 'invalid'."""
+    whether another agent could take it now; an unreadable file is listed with state 'invalid'.
+    `held_only`: only the claims held at `now` (`synapolis claims --held`)."""
     from .store import store_for
 
     now = clock(ws, now)
@@ -676,7 +677,7 @@ def list_claims(ws, now: datetime | None = None) -> list[dict]:
             entry["takeable"] = entry["state"] == "expired" or statuses[holder] in CLAIMABLE_FROM
         out.append(entry)
     out.sort(key=lambda e: (e["item"] is None, e["item"] or e.get("file", "")))
-    return out
+    return [e for e in out if e["state"] == "held"] if held_only else out
 
 
 def reap(ws, now: datetime | None = None) -> list[dict]:

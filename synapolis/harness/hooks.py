@@ -406,13 +406,13 @@ def _work(ws, harness, name, kind, state, preamble, env, result) -> None:
 
 
 def _deliver(ws, harness, name, state, preamble, env):
-    """Beat active and take the signals that fit this harness's answer (method `hook`), in one transaction.
+    """Beat active and take the signals that fit this harness's answer (`signals_pending`, method `hook`).
 
     The drain takes signals oldest first while ContextBudget says the next one still fits, so exactly
-    the signals shown are marked delivered; a text over budget after all rolls the whole call back.
+    the signals shown are marked delivered. A text over budget after all (it cannot be: fits() reserved
+    the largest summary) fails the hook, and hook redelivery offers those signals again.
     """
-    from .. import signals as sig
-    from ..agent_call import as_agent
+    from .. import actions
 
     agent_id = state["agent_id"]
     token = state.get("run_token") if ws.config.require_run_token else None
@@ -420,15 +420,13 @@ def _deliver(ws, harness, name, state, preamble, env):
                 + _command_hint("ack-signals ID,ID", agent_id, state.get("session_id"), token))
     read_hint = "Read them with: " + _command_hint("read-signals", agent_id, state.get("session_id"), None)
     budget = ContextBudget(harness, context_room(harness, name), preamble, ack_hint, read_hint)
-    with as_agent(ws, _who(state), env=env, method="hook") as call:
-        with call.store.write() as conn:
-            # `limit` only bounds what the store reads: no block is shorter than its 64-character header
-            taken = call.finish({}, conn, beat={"status": "active"}, limit=max(budget.room // 64, 1),
-                                fits=budget.fits)["pending_signals"]
-            waiting = [s for s in sig.unread(conn, agent_id, limit=500) if s.get("delivered_at") is None]
-            text = render_context(preamble, taken, waiting, ack_hint, read_hint)
-            if budget.cost(text) > budget.room:  # cannot happen: fits() reserved the largest summary
-                raise RuntimeError(f"hook context of {budget.cost(text)} over the budget of {budget.room}")
+    # `limit` only bounds what the store reads: no block is shorter than its 64-character header
+    drained = actions.signals_pending(ws, _who(state), env=env, method="hook", status="active",
+                                      limit=max(budget.room // 64, 1), fits=budget.fits, withheld=True)
+    taken, waiting = drained["pending_signals"], drained["withheld"]
+    text = render_context(preamble, taken, waiting, ack_hint, read_hint)
+    if budget.cost(text) > budget.room:
+        raise RuntimeError(f"hook context of {budget.cost(text)} over the budget of {budget.room}")
     return taken, waiting, text
 
 
