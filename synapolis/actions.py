@@ -16,8 +16,8 @@ from . import signals as sig
 from .errors import AmbiguousIdentityError, ConflictError, ForbiddenError, NotFoundError, UsageError
 from .heartbeat import check_fields, write_heartbeat
 from .identity import Who
-from .names import (check_text, generate_agent_id, refuse_reserved, validate_agent_id, validate_claim_item,
-                    validate_session_id)
+from .names import (check_limit, check_text, generate_agent_id, refuse_reserved, validate_agent_id,
+                    validate_claim_item, validate_session_id)
 from .sessions import (active_sessions, agent_row, create_session, each_store, ensure_session, is_live, read_session,
                        reopen_session, session_exists, sessions_of_agent, ts)
 from .store import clock, open_session, store_for
@@ -186,7 +186,7 @@ def read_signals(ws, who: Who | None = None, *, unread_only: bool = True, limit:
 
     Marks nothing delivered and nothing read (EP-0118's CQS); it only refreshes the heartbeat.
     """
-    _check_limit(limit)
+    check_limit(limit)
     _check_after(after)
     with as_agent(ws, who, env=env, piggyback=False, mutation=False, now=now) as call:
         with call.store.read() as conn:
@@ -200,11 +200,6 @@ def read_signals(ws, who: Who | None = None, *, unread_only: bool = True, limit:
 def _check_after(after) -> None:
     if after is not None and (not isinstance(after, int) or isinstance(after, bool) or after < 0):
         raise UsageError(f"after must be a signal sequence (a whole number >= 0), not {after!r}")
-
-
-def _check_limit(limit) -> None:
-    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-        raise UsageError(f"limit must be a positive whole number, not {limit!r}")
 
 
 def ack_signals(ws, who: Who | None, ids, *, all: bool = False, env=None, piggyback: bool = True,
@@ -237,7 +232,7 @@ def signals_pending(ws, who: Who | None = None, *, env=None, method: str = "poll
     the caller's unread signals still undelivered after the drain (the oldest WITHHELD_SHOWN), read in
     the same transaction: what a hook summarises instead of showing.
     """
-    _check_limit(limit)
+    check_limit(limit)
     if budget_chars is None and fits is None:
         budget_chars = sig.PAGE_BUDGET_CHARS
     with as_agent(ws, who, env=env, piggyback=True, method=method, now=now) as call:
@@ -263,7 +258,7 @@ def inbox(ws, who: Who | None, session_id: str, agent_id: str, *, env=None, meth
     """
     validate_session_id(session_id)
     validate_agent_id(agent_id)
-    _check_limit(limit)
+    check_limit(limit)
     _check_after(after)
     who = who or Who()
     refusal = f"the inbox of {agent_id} in session {session_id} is read only by that agent itself"
@@ -423,7 +418,7 @@ def read_notes(ws, who: Who | None = None, *, session_id: str | None = None, lim
                now: datetime | None = None) -> dict:
     """A page of the session's notes, oldest first: the newest `limit` (below seq `before` when given) that
     fit `budget_chars`, with `remaining` (older notes) and `next_before` (the next page's `before`)."""
-    _check_limit(limit)
+    check_limit(limit)
     if before is not None and (not isinstance(before, int) or isinstance(before, bool) or before < 1):
         raise UsageError(f"before must be a note seq (a whole number >= 1), not {before!r}")
     budget_chars = NOTES_BUDGET_CHARS if budget_chars is None else budget_chars
@@ -485,7 +480,7 @@ def whiteboard_read(ws, who: Who | None = None, key: str | None = None, *, sessi
         board.check_key(key)
     if after is not None:
         board.check_key(after)
-    _check_limit(limit)
+    check_limit(limit)
     with as_agent(ws, in_session(who, session_id), env=env, piggyback=piggyback, mutation=False, required=False,
                   now=now) as call:
         scope = _read_scope(ws, call, session_id)

@@ -376,6 +376,18 @@ def test_token_never_goes_back_after_file_damage(ws):
     assert schema_ok(ws, "t:1")["token"] == 5
 
 
+def test_a_log_line_that_is_no_object_is_skipped_when_the_token_is_recovered(ws):
+    # the log is read only when the claim file is damaged; a line naming the item that is a JSON list or
+    # string (a hand edit) is skipped like a torn one, not a crash
+    claims.claim(ws, "t:1", "alice", now=NOW)
+    claims.release(ws, "t:1", "alice", now=NOW)
+    claims.claim_path(ws, "t:1").write_text("[]")
+    with ws.paths.claims_log.open("a") as log:
+        log.write('["t:1", {"token": 99}]\n"t:1"\n')
+    record = claims.claim(ws, "t:1", "bob", now=NOW + timedelta(seconds=1))
+    assert record["token"] == 2 and record["claimed_by"] == "bob"
+
+
 def test_busy_lock_is_exit_8(cli, state_dir):
     ws = Workspace.open(state_dir).ensure()
     ws.paths.config.write_text(json.dumps({"busy_timeout_ms": 300}))
