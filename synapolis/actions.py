@@ -287,23 +287,26 @@ def follow_signals(ws, who: Who | None = None, *, unread_only: bool = True, limi
 
     from .watching import event_handler, start_observer, stop_observer
 
-    first = read_signals(ws, who, unread_only=unread_only, limit=limit, env=env)
-    yield from first["signals"]
-    last = max([s["sequence"] for s in first["signals"]] + [first["latest_sequence"]])
-    agent, session = first["agent_id"], first["session_id"]
     stop = stop or threading.Event()
     changed = threading.Event()
+    first = read_signals(ws, who, unread_only=unread_only, limit=limit, env=env)
+    agent, session = first["agent_id"], first["session_id"]
 
     def on_event(event):
         if not event.is_directory:
             changed.set()
 
-    # a shared store pushes (LISTEN/NOTIFY); the SQLite store's session folder is watched
+    # watching starts before the first signals are handed out, so whoever has seen them knows that
+    # every later one is noticed at once: a shared store pushes (LISTEN/NOTIFY); the SQLite store's
+    # session folder is watched. What came between the first read and now is read by the first check.
     listener_stop = threading.Event()
     listener = store_for(ws).listen(lambda sid: changed.set() if sid in (None, session) else None, listener_stop)
     observer = None if listener is not None else \
         start_observer(event_handler(on_event), ws.paths.session_dir(session), poll_interval_s=0.5)
+    changed.set()
     try:
+        yield from first["signals"]
+        last = max([s["sequence"] for s in first["signals"]] + [first["latest_sequence"]])
         with open_session(ws, session) as store:
             while not stop.is_set():
                 changed.wait(safety_wait_s)

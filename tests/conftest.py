@@ -153,10 +153,31 @@ def console_script(name: str) -> str:
     return str(Path(sys.executable).parent / name)
 
 
-def _cli_env(extra=None):
+def clean_env(extra: dict | None = None, **more) -> dict:
+    """This process's environment without any SYNAPOLIS_* variable, plus `extra` and `more`: a child process
+    of a test must not inherit the developer's identity, store or state directory."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SYNAPOLIS_")}
-    env.update(extra or {})
+    env.update(extra or {}, **more)
     return env
+
+
+_cli_env = clean_env  # its old name, for branches that still use it
+
+
+def wait_until(predicate, deadline_s: float = 20, what: str | None = None, interval_s: float = 0.02):
+    """Poll `predicate` until it returns something truthy, and return that: for waiting on what another
+    process does (a file it writes, a row it commits). Fails the test, saying what it waited for, when
+    `deadline_s` passes first: a wait never ends quietly with the test going on as if it had happened."""
+    import time
+
+    deadline = time.monotonic() + deadline_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            pytest.fail(f"waited {deadline_s:g} s for {what or getattr(predicate, '__name__', 'a condition')}")
+        time.sleep(interval_s)
 
 
 @pytest.fixture
@@ -164,7 +185,7 @@ def cli(state_dir):
     """Run `python -m synapolis --state-dir <this test's state dir> ARGS...`; a CompletedProcess (text)."""
     def run(*args, input=None, env=None, timeout=60, state=None):
         cmd = [sys.executable, "-m", "synapolis", "--state-dir", str(state or state_dir), *map(str, args)]
-        return subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout, env=_cli_env(env))
+        return subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout, env=clean_env(env))
     return run
 
 
@@ -319,7 +340,7 @@ def start_server(state_dir, *args, timeout=30, env=None):
     import time
 
     cmd = [sys.executable, "-m", "synapolis", "--state-dir", str(state_dir), "serve", "--port", "0", *map(str, args)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_cli_env(env))
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=clean_env(env))
     deadline = time.monotonic() + timeout
     seen = []
     while time.monotonic() < deadline:
@@ -445,7 +466,7 @@ def run_limited(state_dir, *args, fsize: int | None = None, memory: int | None =
             resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
 
     return subprocess.run(synapolis_cmd(state_dir, *args), input=input, capture_output=True, text=True,
-                          timeout=timeout, env=_cli_env(env), preexec_fn=limits)
+                          timeout=timeout, env=clean_env(env), preexec_fn=limits)
 
 
 class Holder:
@@ -465,7 +486,7 @@ class Holder:
 
     def __init__(self, script: str, target):
         self.proc = subprocess.Popen([sys.executable, "-c", script, str(target)], stdout=subprocess.PIPE, text=True,
-                                     env=_cli_env())
+                                     env=clean_env())
 
     @classmethod
     def store(cls, db_path) -> "Holder":
@@ -587,7 +608,7 @@ def run_faulty(state_dir, *args, at: int = 0, mode: str = "raise", input=None,
     """The CLI on `state_dir` with a fault at step `at` (see _FAULTY); returncode -9 when killed."""
     return subprocess.run([sys.executable, "-c", _FAULTY, mode, str(at), "--state-dir", str(state_dir),
                            *map(str, args)], input=input, capture_output=True, text=True, timeout=timeout,
-                          env=_cli_env())
+                          env=clean_env())
 
 
 def fault_steps(out: subprocess.CompletedProcess) -> int:

@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from datetime import timedelta
 
 import pytest
 
-from conftest import NOW, ago
+from conftest import ago, clean_env, NOW, synapolis_cmd, wait_until
 from synapolis import claims
 from synapolis.errors import (BusyError, ConflictError, ForbiddenError, NotFoundError, StaleToken,
                               UsageError)
@@ -474,15 +473,13 @@ def test_cli_wait_until_expiry_and_until_release(cli, state_dir):
     gave_up = cli("claim", "t:1", "--agent-id", "carol", "--wait", "0.3", timeout=30)
     assert gave_up.returncode == 3 and "bob" in gave_up.stderr
     # a waiter that gets it when the holder releases
-    cmd = [sys.executable, "-m", "synapolis", "--state-dir", str(state_dir), "claim", "t:1",
-           "--agent-id", "carol", "--wait", "20", "--json"]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SYNAPOLIS_")}
-    waiter = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    beat = Workspace.open(state_dir).paths.heartbeat("carol")
+    gave_up_seq = json.loads(beat.read_text())["seq"]  # the give-up above beat too
+    waiter = subprocess.Popen(synapolis_cmd(state_dir, "claim", "t:1", "--agent-id", "carol", "--wait", "20", "--json"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
     try:
-        log = Workspace.open(state_dir).paths.heartbeat("carol")
-        deadline = time.monotonic() + 15
-        while not log.exists() and time.monotonic() < deadline:  # carol's refresh: she is waiting now
-            time.sleep(0.02)
+        # the waiter's refresh, written right before it starts waiting: she is waiting now
+        wait_until(lambda: json.loads(beat.read_text())["seq"] > gave_up_seq, 15, "carol's claim to start waiting")
         assert cli("release", "t:1", "--agent-id", "bob").returncode == 0
         out, err = waiter.communicate(timeout=25)
     finally:
@@ -507,13 +504,12 @@ def test_context_manager_renews_while_held_and_releases(ws, cli):
         # another process sees it held, by a live agent (the helper beats for its holder)
         other = cli("claim", "ticket:142", "--agent-id", "bob")
         assert other.returncode == 3, other.stderr
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
+        def renewed():
             doc = json.loads(claims.claim_path(ws, "ticket:142").read_text())
-            if doc["renewed_at"] and doc["expires_at"] > first_expiry:
-                break
-            time.sleep(0.05)
-        assert doc["token"] == 1 and doc["expires_at"] > first_expiry
+            return doc if doc["renewed_at"] and doc["expires_at"] > first_expiry else None
+
+        doc = wait_until(renewed, 10, "the helper to renew the lease")
+        assert doc["token"] == 1
         time.sleep(0.8)  # longer than the ttl: only renewal keeps it live
         assert c.check()["token"] == 1 and c.lost is None
     final = json.loads(claims.claim_path(ws, "ticket:142").read_text())
@@ -529,9 +525,7 @@ def test_context_manager_notices_a_lost_lease(ws):
         claims.claim(ws, "t:1", "bob")
         with pytest.raises(StaleToken):
             c.check()
-        deadline = time.monotonic() + 10
-        while c.lost is None and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: c.lost is not None, 10, "the renewer to notice the lost lease")
         assert isinstance(c.lost, StaleToken)
     # leaving did not release bob's claim
     assert claims.check(ws, "t:1", 2)["claimed_by"] == "bob"
@@ -543,10 +537,8 @@ def test_context_manager_keeps_the_holder_heartbeat_fresh(state_dir, cli):
     ws = Workspace.open(state_dir)
     with claims.held("t:1", agent_id="alice", ws=ws, ttl_s=3600) as c:
         first = json.loads(ws.paths.heartbeat("alice").read_text())["seq"]
-        deadline = time.monotonic() + 10
-        while json.loads(ws.paths.heartbeat("alice").read_text())["seq"] < first + 2:
-            assert time.monotonic() < deadline, "the helper stopped beating"
-            time.sleep(0.05)
+        wait_until(lambda: json.loads(ws.paths.heartbeat("alice").read_text())["seq"] >= first + 2, 10,
+                   "the helper to beat twice")
         # a lease of an hour, but the heartbeat stays fresh: nobody may take it over
         assert cli("claim", "t:1", "--agent-id", "bob").returncode == 3
         assert c.lost is None and c.check()["token"] == 1

@@ -18,7 +18,7 @@ from synapolis.cli import fast
 from synapolis.identity import Who
 from synapolis.workspace import Workspace
 
-from conftest import _cli_env
+from conftest import clean_env
 
 CLICK = "import sys; from synapolis.cli import _click_main; _click_main(sys.argv[1:])"
 # what differs between two runs of one call: the clock (timestamps and what is derived from them)
@@ -50,7 +50,7 @@ def both(twins, *args, stdin=None):
     runs = []
     for state, cmd in zip(twins, ([sys.executable, "-m", "synapolis"], [sys.executable, "-c", CLICK])):
         runs.append(subprocess.run([*cmd, "--state-dir", str(state), *map(str, args)], input=stdin,
-                                   capture_output=True, text=True, timeout=60, env=_cli_env()))
+                                   capture_output=True, text=True, timeout=60, env=clean_env()))
     return runs
 
 
