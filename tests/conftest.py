@@ -1,4 +1,5 @@
-"""Shared fixtures: a fresh state directory per test, the CLI as a real process, raw heartbeat files."""
+"""Shared fixtures and helpers: a fresh state directory per test, the CLI as a real process (`cli`,
+`synapolis_cmd`, `clean_env`), `wait_until`, raw heartbeat files, the stores, MCP clients, hostile processes."""
 
 from __future__ import annotations
 
@@ -153,6 +154,13 @@ def console_script(name: str) -> str:
     return str(Path(sys.executable).parent / name)
 
 
+# -- the CLI as a real process, its environment, and waiting for what another process does --------------
+
+def synapolis_cmd(state_dir, *args) -> list[str]:
+    """The CLI as a real process of this interpreter, on `state_dir`."""
+    return [sys.executable, "-m", "synapolis", "--state-dir", str(state_dir), *map(str, args)]
+
+
 def clean_env(extra: dict | None = None, **more) -> dict:
     """This process's environment without any SYNAPOLIS_* variable, plus `extra` and `more`: a child process
     of a test must not inherit the developer's identity, store or state directory."""
@@ -184,7 +192,7 @@ def wait_until(predicate, deadline_s: float = 20, what: str | None = None, inter
 def cli(state_dir):
     """Run `python -m synapolis --state-dir <this test's state dir> ARGS...`; a CompletedProcess (text)."""
     def run(*args, input=None, env=None, timeout=60, state=None):
-        cmd = [sys.executable, "-m", "synapolis", "--state-dir", str(state or state_dir), *map(str, args)]
+        cmd = synapolis_cmd(state or state_dir, *args)
         return subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout, env=clean_env(env))
     return run
 
@@ -339,7 +347,7 @@ def start_server(state_dir, *args, timeout=30, env=None):
     import threading
     import time
 
-    cmd = [sys.executable, "-m", "synapolis", "--state-dir", str(state_dir), "serve", "--port", "0", *map(str, args)]
+    cmd = synapolis_cmd(state_dir, "serve", "--port", "0", *args)
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=clean_env(env))
     deadline = time.monotonic() + timeout
     seen = []
@@ -446,11 +454,6 @@ class Inbox:
 
 
 # -- processes under hostile conditions (tests/test_integrity.py, test_hostile_files.py, test_faults.py) ---
-
-def synapolis_cmd(state_dir, *args) -> list[str]:
-    """The CLI as a real process of this interpreter, on `state_dir`."""
-    return [sys.executable, "-m", "synapolis", "--state-dir", str(state_dir), *map(str, args)]
-
 
 def run_limited(state_dir, *args, fsize: int | None = None, memory: int | None = None, input=None,
                 timeout: float = 60, env=None) -> subprocess.CompletedProcess:
