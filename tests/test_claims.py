@@ -506,7 +506,7 @@ def test_help_ends_with_example(cli):
 # --- the Python context manager --------------------------------------------------------------------
 
 def test_context_manager_renews_while_held_and_releases(ws, cli):
-    with claims.held("ticket:142", agent_id="alice", ws=ws, ttl_s=0.6) as c:
+    with claims.held("ticket:142", agent_id="alice", ws=ws, ttl_s=1.5) as c:
         first_expiry = c["expires_at"]
         assert c.token == 1 and c.check()["claimed_by"] == "alice"
         # another process sees it held, by a live agent (the helper beats for its holder)
@@ -518,7 +518,7 @@ def test_context_manager_renews_while_held_and_releases(ws, cli):
 
         doc = wait_until(renewed, 10, "the helper to renew the lease")
         assert doc["token"] == 1
-        time.sleep(0.8)  # longer than the ttl: only renewal keeps it live
+        time.sleep(2.0)  # longer than the ttl: only renewal (every ttl/3) keeps it live, even on a loaded machine
         assert c.check()["token"] == 1 and c.lost is None
     final = schema_ok(ws, "ticket:142")
     assert final["released_at"] and final["released_by"] == "alice"
