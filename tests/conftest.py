@@ -649,3 +649,63 @@ def harness_home(tmp_path, monkeypatch):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("GEMINI_CLI_SYSTEM_SETTINGS_PATH", str(tmp_path / "etc-gemini-cli" / "settings.json"))
     return path
+
+
+# -- the real harness binaries (tests/test_harness_*.py) -------------------------------------------
+
+HARNESS_CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".ci", "cache", "harnesses")
+
+
+def harness_binary(name: str) -> str | None:
+    """A harness's CLI (`claude`, `gemini`, `codex`): $SYNAPOLIS_TEST_<NAME>, else the pinned one that
+    .ci/setup.d/50-harnesses.sh installed under this checkout's .ci/cache, else one on PATH; else None."""
+    import shutil
+
+    pinned = os.path.join(HARNESS_CACHE, name, "node_modules", ".bin", name)
+    return (os.environ.get(f"SYNAPOLIS_TEST_{name.upper()}") or (pinned if os.access(pinned, os.X_OK) else None)
+            or shutil.which(name))
+
+
+def require_harness(name: str) -> str:
+    """`harness_binary(name)`, or the test skips (fails in CI, where .ci/run installs them with npm)."""
+    found = harness_binary(name)
+    if found is None:
+        message = f"no {name} binary (set SYNAPOLIS_TEST_{name.upper()}, or run .ci/setup.d/50-harnesses.sh)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
+class CodexAppServer:
+    """`codex app-server` (Codex's own JSON-RPC over stdio), initialized: `ask(method, params)` is one
+    request's answer (notifications in between are passed over)."""
+
+    def __init__(self, codex: str, codex_home, cwd, env=None):
+        env = {**os.environ, **(env or {}), "CODEX_HOME": str(codex_home)}
+        self.proc = subprocess.Popen([codex, "app-server"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True, cwd=cwd, env=env)
+        self._next = 0
+        self.ask("initialize", {"clientInfo": {"name": "synapolis-tests", "version": "0"}})
+        self._send({"method": "initialized"})
+
+    def _send(self, message: dict) -> None:
+        self.proc.stdin.write(json.dumps(message) + "\n")
+        self.proc.stdin.flush()
+
+    def ask(self, method: str, params: dict) -> dict:
+        self._next += 1
+        self._send({"id": self._next, "method": method, "params": params})
+        while True:
+            line = self.proc.stdout.readline()
+            assert line, "codex app-server closed its output"
+            message = json.loads(line)
+            if message.get("id") == self._next:
+                return message
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.kill()
+        self.proc.wait(timeout=30)
