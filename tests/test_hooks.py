@@ -311,19 +311,15 @@ time.sleep(60)
 """
 
 
-def test_a_locked_store_answers_within_the_bound(cli, hws, tmp_path):
+def test_a_locked_store_answers_within_the_bound(cli, hws, tmp_path, spawn):
     me = run(hws, "claude-code", "SessionStart")["agent_id"]
     session = json.loads(hws.paths.hook_state(me).read_text())["session_id"]
     ready = tmp_path / "locked"
-    locker = subprocess.Popen([sys.executable, "-c", LOCKER, str(hws.paths.session_db(session)), str(ready)])
-    try:
-        wait_until(ready.exists, 20, "the child to take the lock")
-        done, took = _hook(cli, "claude-code", json.dumps(event("claude-code", "PostToolUse")))
-        assert done.returncode == 0 and json.loads(done.stdout) == {}
-        assert "locked" in done.stderr and took < hooks.HOOK_DEADLINE_S + 5
-    finally:
-        locker.kill()
-        locker.wait()
+    spawn([sys.executable, "-c", LOCKER, hws.paths.session_db(session), ready])
+    wait_until(ready.exists, 20, "the child to take the lock")
+    done, took = _hook(cli, "claude-code", json.dumps(event("claude-code", "PostToolUse")))
+    assert done.returncode == 0 and json.loads(done.stdout) == {}
+    assert "locked" in done.stderr and took < hooks.HOOK_DEADLINE_S + 5
 
 
 HEARTBEAT_LOCKER = r"""
@@ -336,37 +332,27 @@ with locked(Path(sys.argv[1])):
 """
 
 
-def test_a_lock_that_never_comes_free_hits_the_deadline_not_the_harness(cli, hws, tmp_path):
+def test_a_lock_that_never_comes_free_hits_the_deadline_not_the_harness(cli, hws, tmp_path, spawn):
     me = run(hws, "claude-code", "SessionStart")["agent_id"]
     ready = tmp_path / "held"
-    holder = subprocess.Popen([sys.executable, "-c", HEARTBEAT_LOCKER,
-                               str(hws.paths.lock(f"heartbeat.{me}")), str(ready)])
-    try:
-        wait_until(ready.exists, 20, "the child to take the lock")
-        done, took = _hook(cli, "claude-code", json.dumps(event("claude-code", "PostToolUse")),
-                           env={"SYNAPOLIS_HOOK_TIMEOUT_S": "1.5"})
-        assert done.returncode == 0 and json.loads(done.stdout) == {}
-        assert "gave up after 1.5s" in done.stderr and took < 1.5 + 4
-    finally:
-        holder.kill()
-        holder.wait()
+    spawn([sys.executable, "-c", HEARTBEAT_LOCKER, hws.paths.lock(f"heartbeat.{me}"), ready])
+    wait_until(ready.exists, 20, "the child to take the lock")
+    done, took = _hook(cli, "claude-code", json.dumps(event("claude-code", "PostToolUse")),
+                       env={"SYNAPOLIS_HOOK_TIMEOUT_S": "1.5"})
+    assert done.returncode == 0 and json.loads(done.stdout) == {}
+    assert "gave up after 1.5s" in done.stderr and took < 1.5 + 4
 
 
-def test_stdin_that_never_closes_hits_the_deadline(state_dir):
-    env = clean_env(SYNAPOLIS_HOOK_TIMEOUT_S="1")
-    proc = subprocess.Popen(synapolis_cmd(state_dir, "hook", "codex"),
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    try:
-        proc.stdin.write(b'{"session_id": "s", ')  # and never the rest, nor EOF
-        proc.stdin.flush()
-        started = time.monotonic()
-        rc = proc.wait(timeout=15)
-        took = time.monotonic() - started
-        out, err = proc.stdout.read(), proc.stderr.read()
-    finally:
-        proc.kill()
-        proc.wait()
-        proc.stdin.close()
+def test_stdin_that_never_closes_hits_the_deadline(state_dir, spawn):
+    proc = spawn(synapolis_cmd(state_dir, "hook", "codex"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                 stderr=subprocess.PIPE, env=clean_env(SYNAPOLIS_HOOK_TIMEOUT_S="1"))
+    proc.stdin.write(b'{"session_id": "s", ')  # and never the rest, nor EOF
+    proc.stdin.flush()
+    started = time.monotonic()
+    rc = proc.wait(timeout=15)
+    took = time.monotonic() - started
+    out, err = proc.stdout.read(), proc.stderr.read()
+    proc.stdin.close()
     assert rc == 0 and json.loads(out) == {} and b"gave up" in err and took < 10
 
 
