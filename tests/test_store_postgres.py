@@ -387,7 +387,7 @@ def test_wrong_password_is_exit_8_and_never_shows_it(pg_url, tmp_path):
     assert "wrong-Passw0rd" not in str(caught.value)
 
 
-def test_server_stopped_and_started_between_calls(tmp_path):
+def test_server_stopped_and_started_between_calls(tmp_path, monkeypatch):
     done = subprocess.run(["bash", PG_SCRIPT, "start"], capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         no_postgres(f"cannot start a private PostgreSQL server: {done.stderr[-200:]}")
@@ -403,20 +403,75 @@ def test_server_stopped_and_started_between_calls(tmp_path):
         subprocess.run(["bash", PG_SCRIPT, "start", folder], check=True, capture_output=True, timeout=120)
         out = run_cli(ws, "signal", "--agent-id", "alice", "--session-id", "s1", "*", "back again")
         assert out.returncode == 0, out.stderr
-        # a long-lived process (this one) whose connection died with the server: one BusyError, then it works
-        actions.beat(ws, Who("alice", "s1"), env={})
-        subprocess.run(["bash", PG_SCRIPT, "stop", folder], check=True, capture_output=True, timeout=120)
-        subprocess.run(["bash", PG_SCRIPT, "start", folder], check=True, capture_output=True, timeout=120)
-        try:
+        # a long-lived process (this one) whose connections died with the server while idle: the next call
+        # starts its transaction again on a new connection, and works at once; with one connection, then
+        # with the pool of `synapolis mcp` / `serve`
+        from synapolis import store
+
+        for pooled in (False, True):
+            store.close_all()
+            monkeypatch.setattr(store, "_LONG_LIVED", pooled)
+            assert store.store_for(ws).pooled is pooled
             actions.beat(ws, Who("alice", "s1"), env={})
-        except BusyError as exc:
-            assert "127.0.0.1" in str(exc)
-        assert actions.beat(ws, Who("alice", "s1"), env={})["registered"] is True
+            subprocess.run(["bash", PG_SCRIPT, "stop", folder], check=True, capture_output=True, timeout=120)
+            subprocess.run(["bash", PG_SCRIPT, "start", folder], check=True, capture_output=True, timeout=120)
+            assert actions.beat(ws, Who("alice", "s1"), env={})["registered"] is True
+            sent = actions.signal(ws, Who("alice", "s1"), "*", f"after a restart, pooled={pooled}", env={})
+            assert sent["signal"]["sequence"] > 0
     finally:
         from synapolis.store import close_all
 
         close_all()
         subprocess.run(["bash", PG_SCRIPT, "destroy", folder], capture_output=True, timeout=120)
+
+
+def test_a_long_lived_process_pools_its_connections(machines, monkeypatch):
+    """keep_connections() (what `synapolis mcp` and `serve` call): threads of one process run transactions at
+    once on connections of a pool, where one shared connection would make a read wait for a held write."""
+    from synapolis import store
+    from synapolis.store import open_session
+
+    laptop, _runner = machines
+    store.close_all()
+    monkeypatch.setattr(store, "_LONG_LIVED", True)
+    sid = actions.start(laptop, agent_id="alice", session_id="s1", env={})["session_id"]
+    assert store.store_for(laptop).pooled
+    held, release, read_done = threading.Event(), threading.Event(), threading.Event()
+
+    def hold():
+        with open_session(laptop, sid).write() as tx:
+            tx.exclusive("held by a test")
+            held.set()
+            release.wait(20)
+
+    def read():
+        actions.read_signals(laptop, Who("alice", sid), env={})
+        read_done.set()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(10)
+        threading.Thread(target=read, daemon=True).start()
+        assert read_done.wait(10), "a read waited for another thread's transaction"
+        import psycopg
+
+        with psycopg.connect(laptop.config.store) as conn:
+            mine = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'synapolis'"
+                                ).fetchone()[0]
+        assert mine >= 2
+    finally:
+        release.set()
+        holder.join(20)
+
+
+def test_a_cli_call_opens_one_connection_and_imports_no_pool(machines):
+    laptop, _runner = machines
+    code = ("import sys\nfrom synapolis.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "print('MODULES', 'psycopg' in sys.modules, 'psycopg_pool' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, "--state-dir", str(laptop.root), "start", "--agent-id",
+                          "alice", "--session-id", "s1"], capture_output=True, text=True, timeout=60, env=_cli_env())
+    assert out.stdout.strip().splitlines()[-1] == "MODULES True False", out.stderr
 
 
 def test_postgres_url_without_the_driver_is_exit_2_with_the_install_command(tmp_path):
