@@ -572,6 +572,19 @@ def test_every_machine_sees_every_agents_heartbeat(machines):
     assert json.loads(doc)["task"] == "remote work" and host == os.uname().nodename
 
 
+def test_a_beat_in_no_session_reaches_the_other_machine(machines):
+    """§12: the beat writes the local file first, then its copy, even for an agent that is in no session
+    (no session transaction to carry it): the other machine's monitor sees it."""
+    laptop, runner = machines
+    actions.start(laptop, agent_id="alice", session_id="s1", env={})
+    out = run_cli(runner, "beat", "--agent-id", "carol", "--task", "between sessions", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["registered"] is False and runner.paths.heartbeat("carol").exists()
+    assert run_cli(laptop, "monitor", "--json").returncode == 0
+    agents = {a["agent_id"]: a for a in json.loads(laptop.paths.monitor.read_text())["agents"]}
+    assert agents["carol"]["effective_status"] == "active" and agents["carol"]["task"] == "between sessions"
+
+
 RACER = r"""
 import json, sys
 from synapolis import claims

@@ -551,13 +551,7 @@ class PostgresTransaction(base.Transaction):
 
     # -- heartbeat copies ------------------------------------------------------------------------
     def put_heartbeat(self, doc, stamp):
-        import json
-
-        self.cur.execute("INSERT INTO heartbeats (agent_id, host, session_id, doc, received_at) "
-                         "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (agent_id) DO UPDATE SET host = excluded.host, "
-                         "session_id = excluded.session_id, doc = excluded.doc, received_at = excluded.received_at",
-                         (doc["agent_id"], doc.get("host"), doc.get("session_id"),
-                          json.dumps(doc, ensure_ascii=False, separators=(",", ":")), stamp))
+        _put_heartbeat(self.cur, doc, stamp)
 
     # -- the rate limit ----------------------------------------------------------------------------
     def rate_bucket(self, agent_id):
@@ -643,6 +637,13 @@ class ClaimSlot:
                           record.get("released_at"), dump))
         self.cur.execute("INSERT INTO claim_events (item, at, event) VALUES (%s, %s, %s)",
                          (record["item"], event["at"], json.dumps(event, ensure_ascii=False, separators=(",", ":"))))
+
+
+def _put_heartbeat(cur, doc: dict, stamp: str) -> None:
+    cur.execute("INSERT INTO heartbeats (agent_id, host, session_id, doc, received_at) "
+                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (agent_id) DO UPDATE SET host = excluded.host, "
+                "session_id = excluded.session_id, doc = excluded.doc, received_at = excluded.received_at",
+                (doc["agent_id"], doc.get("host"), doc.get("session_id"), _dump(doc), stamp))
 
 
 def _dump(value) -> str:
@@ -1007,6 +1008,10 @@ class PostgresStore(base.Store):
         if row is None:
             raise NotFoundError(f"unknown session {session_id!r}")
         return self._document(row)
+
+    def put_heartbeat_copy(self, doc, stamp):
+        with self.transaction() as cur:
+            _put_heartbeat(cur, doc, stamp)
 
     def heartbeat_copies(self):
         import json
