@@ -372,6 +372,24 @@ def test_nothing_listening_is_exit_8_quickly(tmp_path):
     assert hook.returncode == 0 and "s3cret-pw" not in hook.stderr + hook.stdout
 
 
+def test_a_pooled_store_with_nothing_listening_fails_in_bounded_time_naming_the_cause(tmp_path, monkeypatch):
+    from synapolis import store
+
+    port = _free_port()
+    ws = use_store(tmp_path / "state", f"postgresql://synapolis:s3cret-pw@127.0.0.1:{port}/synapolis")
+    store.close_all()
+    monkeypatch.setattr(store, "_LONG_LIVED", True)
+    try:
+        began = time.monotonic()
+        with pytest.raises(BusyError) as caught:
+            actions.start(ws, agent_id="alice", session_id="s1", env={})
+        assert time.monotonic() - began < 15
+        assert f"127.0.0.1:{port}" in caught.value.message and "refused" in caught.value.message.lower()
+        assert "s3cret-pw" not in caught.value.message
+    finally:
+        store.close_all()
+
+
 def test_wrong_password_is_exit_8_and_never_shows_it(pg_url, tmp_path):
     from psycopg.conninfo import conninfo_to_dict
 

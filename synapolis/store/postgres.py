@@ -811,7 +811,10 @@ class PostgresStore(base.Store):
 
         pool = ConnectionPool(self.url, min_size=1, max_size=POOL_MAX, kwargs=self._connect_options(),
                               configure=self._ensure_schema, open=False, name="synapolis",
-                              reconnect_timeout=0)  # never give up reconnecting: the server may come back
+                              # a failed attempt is given up at once and the next call asking for a
+                              # connection tries again: a backoff could leave a server that came back
+                              # unused for minutes
+                              reconnect_timeout=0)
         pool.open(wait=False)
         return pool
 
