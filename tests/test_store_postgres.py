@@ -488,7 +488,7 @@ def test_a_cli_call_opens_one_connection_and_imports_no_pool(machines):
     code = ("import sys\nfrom synapolis.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
             "print('MODULES', 'psycopg' in sys.modules, 'psycopg_pool' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code, "--state-dir", str(laptop.root), "start", "--agent-id",
-                          "alice", "--session-id", "s1"], capture_output=True, text=True, timeout=60, env=_cli_env())
+                          "alice", "--session-id", "s1"], capture_output=True, text=True, timeout=60, env=clean_env())
     assert out.stdout.strip().splitlines()[-1] == "MODULES True False", out.stderr
 
 
