@@ -6,7 +6,7 @@ import os
 
 from .atomic import atomic_write_json, read_json
 from .errors import AmbiguousIdentityError, NoIdentityError, UsageError
-from .names import is_reserved, refuse_reserved, sha256, validate_agent_id, validate_session_id
+from .names import is_reserved, refuse_reserved, sha256_hex, validate_agent_id, validate_session_id
 from .timeutil import utcnow
 
 ENV_AGENT = "SYNAPOLIS_AGENT_ID"
@@ -29,7 +29,7 @@ def hash_token(token: str) -> str:
     a copy of session.db (a backup, another user who can read it) never yields a token to act with."""
     # surrogatepass: a token from argv or the environment that is not UTF-8 hashes to something that
     # matches nothing (exit 7), rather than failing to encode
-    return TOKEN_HASH_PREFIX + sha256(str(token).encode("utf-8", "surrogatepass")).hexdigest()
+    return TOKEN_HASH_PREFIX + sha256_hex(str(token).encode("utf-8", "surrogatepass"))
 
 
 def is_hashed(stored) -> bool:
