@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
-import sys
 import threading
 
 from ..errors import BusyError, InternalError, NotFoundError
@@ -158,54 +157,24 @@ def _statements(script: str):
 
 
 def _skip_checkpoint_on_close(conn) -> None:
-    """Ask SQLite not to checkpoint (and delete the WAL) when this connection closes.
+    """Ask SQLite not to checkpoint (and delete the WAL) when this connection closes: Python 3.12+ only.
 
     Every CLI call opens and closes the store once; closing the last connection otherwise runs a
-    checkpoint with two fsyncs and the next writer re-creates the WAL with another: about 20 ms of a
-    ~60 ms call on a VM disk. The WAL is still checkpointed automatically every 1000 pages, so it
-    stays bounded, and session.db + session.db-wal remain one consistent database.
+    checkpoint with fsyncs, and the next writer re-creates the WAL. The WAL is still checkpointed
+    automatically every 1000 pages and trimmed by `_trim_wal`, so it stays bounded, and session.db +
+    session.db-wal remain one consistent database. Python 3.10/3.11 have no `Connection.setconfig`;
+    there SQLite checkpoints on close as it does by default (benchmarks/bench_checkpoint.py measured the
+    difference at about 2 ms a call, not worth reaching into the connection through ctypes).
     """
     setconfig = getattr(conn, "setconfig", None)
-    if setconfig is not None:  # Python 3.12+
-        try:
-            setconfig(sqlite3.SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, True)
-        except (AttributeError, sqlite3.Error):
-            pass
-        return
-    # Python 3.10/3.11 have no setconfig: call sqlite3_db_config on the connection's handle, which
-    # CPython keeps as the first field after the object header. Only on builds where that holds.
-    if sys.implementation.name != "cpython" or sys.version_info[:2] not in ((3, 10), (3, 11)) \
-            or hasattr(sys, "gettotalrefcount"):
-        return
-    # The bare `_ctypes` (0.7 ms to import) rather than `ctypes` (3 ms, every CLI call): two C types
-    # and a plain call are all this needs.
-    global _DB_CONFIG
-    if _DB_CONFIG is False:
+    if setconfig is None:
         return
     try:
-        import _ctypes
-
-        if _DB_CONFIG is None:
-            import _sqlite3
-
-            class VoidP(_ctypes._SimpleCData):
-                _type_ = "P"
-
-            class Int(_ctypes._SimpleCData):
-                _type_ = "i"
-
-            address = _ctypes.dlsym(_ctypes.dlopen(_sqlite3.__file__, _ctypes.RTLD_LOCAL), "sqlite3_db_config")
-            _DB_CONFIG = (address, VoidP, Int)
-        address, VoidP, Int = _DB_CONFIG
-        handle = VoidP.from_address(id(conn) + object.__basicsize__).value
-        if handle:
-            _ctypes.call_function(address, (VoidP(handle), Int(_NO_CKPT_ON_CLOSE), Int(1), VoidP(None)))
-    except (ImportError, OSError, AttributeError, ValueError, TypeError):
-        _DB_CONFIG = False  # not available here: closing simply checkpoints, as SQLite does by default
+        setconfig(sqlite3.SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, True)
+    except (AttributeError, sqlite3.Error):  # an SQLite older than 3.16 has no such option: it checkpoints
+        pass
 
 
-_DB_CONFIG = None
-_NO_CKPT_ON_CLOSE = 1006  # SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE
 WAL_TRIM_BYTES = 512 * 1024
 
 
