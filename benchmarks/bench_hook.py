@@ -30,7 +30,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from synapolis import actions
-    from synapolis.hooks import agent_id_for
+    from synapolis.harness.hooks import agent_id_for
     from synapolis.identity import Who
     from synapolis.workspace import Workspace
 

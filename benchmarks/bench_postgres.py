@@ -36,7 +36,7 @@ import psycopg
 
 from synapolis import actions, signals
 from synapolis.identity import Who
-from synapolis.store import close_all, open_session
+from synapolis.store import clock, close_all, open_session
 from synapolis.workspace import Workspace
 
 SECTION = "bench_postgres"
@@ -95,7 +95,7 @@ def bench_sends(tmp: Path, url: str, count: int, rounds: int = 10) -> dict:
         for i in range(chunk):
             with store.write() as tx:
                 signals.send(tx, caller="sender", recipient="sink", content=f"store {n} {i}",
-                             now=actions._now(None, ws), config=ws.config)
+                             now=clock(ws), config=ws.config)
         rates["store"].append(chunk / (time.perf_counter() - started))
         started = time.perf_counter()
         for i in range(chunk // 4):
@@ -205,7 +205,7 @@ def bench_many_agents(tmp: Path, url: str, agents: int) -> dict:
     ws = workspace(tmp / "many", url, rate_limit_per_min=10 ** 6)
     sid = actions.start(ws, agent_id="a0", session_id="many", env={})["session_id"]
     with open_session(ws, sid) as store, store.write() as tx:
-        stamp = actions.ts(actions._now(None, ws))
+        stamp = actions.ts(clock(ws))
         for i in range(1, agents):
             tx.register_agent(f"a{i}", harness="bench", substrate="", stamp=stamp, run_token=f"t{i}")
     who = Who("a0", sid)

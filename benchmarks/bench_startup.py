@@ -33,7 +33,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from synapolis import actions
-    from synapolis.hooks import agent_id_for
+    from synapolis.harness.hooks import agent_id_for
     from synapolis.workspace import Workspace
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-startup-"))

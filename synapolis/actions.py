@@ -1,446 +1,30 @@
-"""Every verb of §3/§5/§7 as a library function: identity, the verb's work, heartbeat refresh, piggyback.
+"""Every verb of §3/§5/§7 as a library function, each returning the contract's JSON object for its verb.
 
-The CLI prints these answers, the MCP server returns them and hooks use them; each returns the
-contract's JSON object for its verb.
+The CLI prints these answers, the MCP server returns them and the hooks use them; none rebuilds one.
+Each verb acts as its caller through `agent_call.as_agent` (identity, heartbeat refresh, piggyback).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 from datetime import datetime
 
 from . import board, identity
+from .agent_call import as_agent, in_session, registrations
 from .atomic import locked
 from . import signals as sig
-from .errors import (AmbiguousIdentityError, ConflictError, ForbiddenError, NoIdentityError, NotFoundError,
-                     SynapolisError, UsageError)
+from .errors import AmbiguousIdentityError, ConflictError, ForbiddenError, NotFoundError, UsageError
 from .heartbeat import check_fields, write_heartbeat
 from .identity import Who
 from .names import (check_text, generate_agent_id, refuse_reserved, validate_agent_id, validate_claim_item,
                     validate_session_id)
 from .sessions import (active_sessions, agent_row, create_session, each_store, ensure_session, is_live, read_session,
-                       registry_status, reopen_session, session_exists, sessions_of_agent, ts)
-from .store import open_session, store_for
-from .timeutil import format_ts, humanize_age, parse_ts, utcnow
+                       reopen_session, session_exists, sessions_of_agent, ts)
+from .store import clock, open_session, store_for
+from .timeutil import format_ts, humanize_age, parse_ts
 
 ENV_HARNESS = "SYNAPOLIS_HARNESS"
 ENV_SUBSTRATE = "SYNAPOLIS_SUBSTRATE"
-
-
-def _now(now: datetime | None, ws=None) -> datetime:
-    """`now` when the caller fixed it; else the store's clock (the server's for a shared store, §12)."""
-    if now is not None:
-        return now
-    return store_for(ws).now() if ws is not None else utcnow()
-
-
-def _registrations(ws, agent_id: str, skip: str | None = None) -> list[tuple[bool, object]]:
-    """(session active?, registry row) for every registration of `agent_id`, in every session (ended ones
-    too) but `skip`. A store that cannot be read is left out: what it would prove stays unproven."""
-    from .sessions import all_sessions
-
-    active = {d["session_id"]: d.get("status") == "active" for d in all_sessions(ws)
-              if isinstance(d.get("session_id"), str) and d["session_id"] != skip}
-    found = []
-    for sid, conn in each_store(ws, list(active), skip_broken=True):
-        row = agent_row(conn, agent_id)
-        if row is not None:
-            found.append((active[sid], row))
-    return found
-
-
-def _proven(ws, caller, row, required: bool) -> bool:
-    """The one identity check (docs/SECURITY.md, "Identity"): may this call act as `caller.agent_id`?
-
-    A presented run token must be the agent's: the one of its registration in the caller's session
-    (`row`), or, when it is not registered there (a bare beat, a claim naming a session of the caller's
-    choosing), the one of any of its registrations anywhere; otherwise ForbiddenError (exit 7), always.
-    Without a token: with require_run_token, a verb that needs its caller is refused (exit 7) and a
-    reader that needs none acts as nobody (False: it refreshes and delivers nothing); with tokens off,
-    the name is the identity and the call goes ahead.
-    """
-    if caller.run_token is not None:
-        stored = [row] if row is not None else [r for _active, r in _registrations(ws, caller.agent_id)]
-        if not any(identity.token_matches(caller.run_token, r["run_token"]) for r in stored):
-            where = f"in session {caller.session_id}" if row is not None else "in any session"
-            raise ForbiddenError(f"wrong run token for agent {caller.agent_id} {where}")
-        return True
-    if not ws.config.require_run_token:
-        return True
-    if not required:
-        return False
-    raise ForbiddenError(f"require_run_token is on: agent {caller.agent_id} must present its run token "
-                         "(--run-token or SYNAPOLIS_RUN_TOKEN; `synapolis start` gives one)")
-
-
-class AgentCall:
-    """One verb acting as an agent: its identity, its session store, and the closing refresh + piggyback."""
-
-    def __init__(self, ws, caller, store, row, now, piggyback, method, live=None):
-        self.ws = ws
-        self.caller = caller
-        self.store = store
-        self.row = row
-        self.now = now
-        self.piggyback = piggyback
-        self.method = method
-        self.live = live  # a LongLived (the MCP server) may coalesce a pure refresh; None: always write
-        self.heartbeat_fields: dict = {}  # status/task/ttl_s/note for the refresh (beat, tired)
-        self.durable_beat = False
-        self.heartbeat: dict | None = None
-        self.coalesced = False  # the refresh was coalesced: neither the file nor the registry was written
-        self.finished = False
-
-    @property
-    def agent_id(self) -> str:
-        return self.caller.agent_id
-
-    @property
-    def session_id(self) -> str | None:
-        return self.caller.session_id
-
-    @property
-    def registered(self) -> bool:
-        return self.row is not None
-
-    def _refresh_heartbeat(self) -> dict:
-        fields = dict(self.heartbeat_fields)
-        if self.row is not None:
-            fields.setdefault("harness", self.row["harness"])
-            if self.row["substrate"]:
-                fields.setdefault("substrate", self.row["substrate"])
-        session_id = self.session_id if self.registered else None
-        if self.live is not None:
-            recent = self.live.recent_refresh(self.ws, self.agent_id, session_id, fields, self.row, self.now)
-            if recent is not None:
-                self.coalesced = True
-                return recent
-        doc = write_heartbeat(self.ws.paths, self.agent_id, session_id=session_id, now=format_ts(self.now),
-                              durable=self.durable_beat, **fields)
-        if self.live is not None:
-            self.live.refreshed(self.ws, self.agent_id, session_id, doc, self.now)
-        return doc
-
-    def beat_now(self) -> dict:
-        """Write the heartbeat refresh now, before the verb takes the store's write lock (finish reuses it)."""
-        if self.heartbeat is None:
-            self.heartbeat = self._refresh_heartbeat()
-        return self.heartbeat
-
-    def _nothing_to_write(self) -> bool:
-        """Coalesced, and a cheap read finds nothing to deliver: finish needs no write transaction.
-
-        Hooks (method `hook`) also redeliver, which only the drain itself decides; they never coalesce anyway.
-        """
-        if not self.coalesced or self.method == "hook":
-            return False
-        if not self.piggyback:
-            return True
-        with self.store.read() as conn:
-            return not sig.has_undelivered(conn, self.agent_id)
-
-    def finish(self, result: dict | None = None, conn=None, *, limit: int | None = None,
-               budget_chars: int | None = None, best_effort: bool = False, fits=None) -> dict:
-        """Refresh the heartbeat and the registry, and attach the caller's undelivered signals.
-
-        With `conn` (a write transaction the verb holds) everything commits together with the verb.
-        A coalesced refresh (LongLived) writes neither the registry row nor, when nothing waits, anything.
-        `best_effort` (a verb whose work is done and durable outside the store: claim, release): a busy
-        or failing store costs only the refresh and the piggyback, rolled back so nothing is marked
-        delivered, and the answer says so under `piggyback_skipped`; the verb still succeeds.
-        """
-        result = {} if result is None else result
-        if self.heartbeat is None:
-            self.heartbeat = self._refresh_heartbeat()
-        pending: tuple = ([], 0)
-        if self.registered:
-            def work(c):
-                if not self.coalesced:
-                    c.refresh_agent(self.agent_id, ts(self.now), registry_status(self.heartbeat["status"]))
-                    c.put_heartbeat(self.heartbeat, ts(self.now))  # a shared store's copy (§12); the file was first
-                if self.piggyback:
-                    # a piggyback is a small page (every answer is bounded); signals_pending pages further
-                    return sig.drain_page(
-                        c, self.agent_id, self.method, self.now, self.ws.config,
-                        limit=sig.PIGGYBACK_LIMIT if limit is None else limit,
-                        budget_chars=sig.PIGGYBACK_BUDGET_CHARS if budget_chars is None and fits is None
-                        else budget_chars, fits=fits)
-                return [], 0
-            if conn is not None:
-                pending = work(conn)
-            elif best_effort:
-                try:
-                    if not self._nothing_to_write():
-                        with self.store.write() as c:
-                            pending = work(c)
-                except (SynapolisError, OSError) as exc:
-                    pending, result["piggyback_skipped"] = ([], 0), getattr(exc, "message", None) or str(exc)
-            elif not self._nothing_to_write():
-                with self.store.write() as c:
-                    pending = work(c)
-        self.finished = True
-        result["pending_signals"], result["pending_remaining"] = pending
-        return result
-
-
-# -- what a long-lived process keeps between verbs (the MCP server) --------------------------------------
-
-COALESCE_S = 1.0  # a pure refresh within this long of this process's last write of it is skipped
-# the LongLived of the verbs running now (a contextvars.ContextVar), made by the first LongLived: the CLI,
-# which never makes one, does not even import contextvars
-_LIVE = None
-
-
-def file_signature(path) -> tuple | None:
-    """Which file is at `path` (device, inode, mtime, size): an atomic replace by anyone changes it."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
-
-
-def refresh_is_redundant(last: dict | None, fields: dict, row, signature, now: datetime, window_s: float) -> bool:
-    """Whether a refresh with `fields` at `now` may be skipped, given what this process last wrote (`last`:
-    at, doc, signature, registry) and what is there now (the registry `row`, the file's `signature`).
-
-    Only when it changes nothing: written less than the window ago (and not in the future), the same status,
-    task, ttl, harness and substrate, no note (a note belongs to one beat), the file still the one written
-    here, and the registry row still saying what was written there. The window is at most a quarter of the
-    agent's ttl (or stale_after_s), so a coalesced agent is never near stale.
-    """
-    if last is None:
-        return False
-    doc = last["doc"]
-    age = (now - last["at"]).total_seconds()
-    if not 0 <= age < window_s:
-        return False
-    if fields.get("note"):
-        return False
-    for key in ("status", "task", "ttl_s", "harness", "substrate"):
-        if key in fields and fields[key] != doc.get(key):
-            return False
-    if signature is None or signature != last["signature"]:
-        return False
-    expected = last["registry"]
-    if (row is None) != (expected is None):
-        return False
-    return row is None or (row["last_heartbeat"], row["status"]) == expected
-
-
-class LongLived:
-    """What one long-lived process (the MCP server) keeps between the verbs it runs, so that it does not
-    repeat per call what did not change: session stores held open, resolved callers, its own recent refreshes.
-
-    Turned on per verb with `as_agent(..., live=...)` or `with long_lived(live):`; only `synapolis mcp` does.
-    The CLI and hooks never do, so they resolve, open and refresh everything on every call. Thread-safe:
-    the SDK runs tools on worker threads; each verb gets a store of its own from the pool.
-    """
-
-    def __init__(self, window_s: float = COALESCE_S, max_sessions: int = 16, idle_per_session: int = 4):
-        import threading
-
-        global _LIVE
-        if _LIVE is None:  # made once, before any verb runs in this process (the server builds one at start)
-            import contextvars
-
-            _LIVE = contextvars.ContextVar("synapolis_long_lived", default=None)
-
-        self.window_s = window_s
-        self.max_sessions = max_sessions
-        self.idle_per_session = idle_per_session
-        self._lock = threading.Lock()
-        self._pools: dict = {}  # (root, session_id) -> [(store, db signature)] idle
-        self._callers: dict = {}  # everything a resolution read -> Caller
-        self._refreshes: dict = {}  # (root, agent_id, session_id) -> what this process last wrote
-        self._ensured: dict = {}  # root -> when ws.ensure() last ran
-
-    # -- identity ---------------------------------------------------------------------------------
-    def resolve(self, ws, who: Who | None, *, env=None, required: bool = True, need_session: bool = True, now=None):
-        """`identity.resolve`, remembered when nothing it read can change: an agent and a session named by
-        the call or the environment. identity.json (which may lend the run token) is part of the key by
-        its signature; a resolution that needs identity.json's agent or a session search is never kept."""
-        who = who or Who()
-        env = {} if who.named_only else os.environ if env is None else env
-        names = (who.agent_id, who.session_id, who.run_token, env.get(identity.ENV_AGENT) or None,
-                 env.get(identity.ENV_SESSION) or None, env.get(identity.ENV_TOKEN) or None)
-        if (names[0] or names[3]) is None or (names[1] or names[4]) is None:
-            return identity.resolve(ws, who, env=env, required=required, need_session=need_session, now=now)
-        key = (os.fspath(ws.paths.root), names, who.named_only, required, need_session,
-               file_signature(ws.paths.identity))
-        caller = self._callers.get(key)
-        if caller is None:
-            caller = identity.resolve(ws, who, env=env, required=required, need_session=need_session, now=now)
-            if caller is not None and caller.source in ("options", "env"):
-                if len(self._callers) >= 256:
-                    self._callers.clear()
-                self._callers[key] = caller
-        return caller
-
-    # -- stores -----------------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def store(self, ws, session_id: str):
-        """A store for one verb: an idle one from the pool when its database is still the same file, else
-        a new one (NotFoundError for a missing session, as open_session). Back to the pool after."""
-        key = (os.fspath(ws.paths.root), session_id)
-        backend = store_for(ws)
-        now_sig = backend.session_signature(session_id)
-        store = None
-        with self._lock:
-            idle = self._pools.get(key) or []
-            while idle and store is None:
-                candidate, sig_ = idle.pop()
-                if sig_ == now_sig and candidate.busy_timeout_ms == int(ws.config.busy_timeout_ms):
-                    store = candidate
-                else:
-                    candidate.close()
-        if store is None:
-            store = backend.open_session(session_id)
-            now_sig = backend.session_signature(session_id) or (None, None)
-        try:
-            yield store
-        except SynapolisError:
-            # a verb's refusal: store.read()/write() ended their transactions, the connection is sound
-            self._give_back(key, store, now_sig)
-            raise
-        except BaseException:
-            store.close()  # anything else: the next verb gets a fresh connection
-            raise
-        self._give_back(key, store, now_sig)
-
-    def _give_back(self, key, store, signature) -> None:
-        with self._lock:
-            idle = self._pools.get(key)
-            if idle is None and len(self._pools) < self.max_sessions:
-                idle = self._pools[key] = []
-            if idle is not None and len(idle) < self.idle_per_session:
-                idle.append((store, signature))
-                return
-        store.close()
-
-    def hold(self, ws, session_id: str | None) -> None:
-        """Keep one connection to a session this process works in (see docs/MCP.md): when the last
-        connection to a WAL database closes, SQLite checkpoints and deletes the WAL, and the next opener,
-        the CLI's and hooks' included, rebuilds its index."""
-        if not session_id:
-            return
-        with self._lock:
-            if self._pools.get((os.fspath(ws.paths.root), session_id)):
-                return
-        try:
-            with self.store(ws, session_id):
-                pass
-        except SynapolisError:
-            pass
-
-    def close(self) -> None:
-        with self._lock:
-            pools, self._pools = list(self._pools.values()), {}
-        for idle in pools:
-            for store, _sig in idle:
-                store.close()
-
-    # -- the heartbeat refresh --------------------------------------------------------------------
-    def ensure(self, ws, now: datetime) -> None:
-        """`ws.ensure()`, at most once per window: the folders it creates do not come and go."""
-        root = os.fspath(ws.paths.root)
-        last = self._ensured.get(root)
-        if last is None or not 0 <= (now - last).total_seconds() < self.window_s:
-            ws.ensure()
-            self._ensured[root] = now
-
-    def recent_refresh(self, ws, agent_id: str, session_id: str | None, fields: dict, row, now: datetime):
-        """The heartbeat this process wrote for the agent, when a refresh with `fields` now would change
-        nothing (refresh_is_redundant); else None, and the caller writes."""
-        last = self._refreshes.get((os.fspath(ws.paths.root), agent_id, session_id))
-        if last is None:
-            return None
-        ttl = last["doc"].get("ttl_s") or ws.config.stale_after_s
-        window = min(self.window_s, float(ttl) / 4)
-        if not refresh_is_redundant(last, fields, row, file_signature(ws.paths.heartbeat(agent_id)), now, window):
-            return None
-        return dict(last["doc"])
-
-    def refreshed(self, ws, agent_id: str, session_id: str | None, doc: dict, now: datetime) -> None:
-        """Remember a refresh this process wrote: the document, the file, and what the registry now says."""
-        self._refreshes[(os.fspath(ws.paths.root), agent_id, session_id)] = {
-            "at": now, "doc": dict(doc), "signature": file_signature(ws.paths.heartbeat(agent_id)),
-            "registry": (ts(now), registry_status(doc["status"])) if session_id is not None else None}
-
-
-@contextlib.contextmanager
-def long_lived(live: LongLived | None):
-    """Run the verbs called inside with `live` (the MCP server wraps each tool call in this)."""
-    if _LIVE is None:  # no LongLived was ever made: there is nothing to set, and None is what verbs see
-        yield live
-        return
-    token = _LIVE.set(live)
-    try:
-        yield live
-    finally:
-        _LIVE.reset(token)
-
-
-@contextlib.contextmanager
-def as_agent(ws, who: Who | None = None, *, env=None, piggyback: bool = True, method: str = "piggyback",
-             mutation: bool = True, required: bool = True, need_session: bool = True,
-             need_registration: bool = True, now: datetime | None = None, live: LongLived | None = None):
-    """Resolve the caller (§3), prove it (`_proven`: the one identity check), yield an AgentCall; on
-    leaving, refresh it.
-
-    `required=False` (read-only verbs) yields None when no identity resolves, it is ambiguous, the
-    agent is not registered in the session, or (require_run_token) it presented no token; a wrong run
-    token is refused even then. `mutation` says the verb writes (the state directory is created for
-    it); every verb that acts as an agent is checked alike, since each refreshes the caller's
-    heartbeat and hands out its signals. `live` (default: the
-    one `long_lived` set, normally none) reuses what a long-lived process keeps and may coalesce a pure
-    refresh; without it every call resolves, opens and writes afresh.
-    """
-    live = live if live is not None or _LIVE is None else _LIVE.get()
-    now = _now(now, ws)
-    if live is not None:
-        caller = live.resolve(ws, who, env=env, required=required, need_session=need_session, now=now)
-    else:
-        caller = identity.resolve(ws, who, env=env, required=required, need_session=need_session, now=now)
-    if caller is None:
-        yield None
-        return
-    with contextlib.ExitStack() as stack:
-        store = row = None
-        if caller.session_id is not None:
-            try:
-                store = stack.enter_context(live.store(ws, caller.session_id) if live is not None
-                                            else open_session(ws, caller.session_id))
-            except NotFoundError:
-                if required:  # a session that was named (or remembered) but does not exist
-                    raise
-            if store is not None:
-                with store.read() as conn:
-                    row = agent_row(conn, caller.agent_id)
-        if row is None and need_registration and required:
-            raise NoIdentityError(f"agent {caller.agent_id} is not registered in session {caller.session_id}: "
-                                  f"run `synapolis start --agent-id {caller.agent_id} --session-id {caller.session_id}`")
-        # a reader that finds its caller unregistered reads as nobody, but a wrong token is refused first
-        if not _proven(ws, caller, row, required) or (row is None and need_registration):
-            yield None
-            return
-        if mutation or row is not None:
-            if live is not None:
-                live.ensure(ws, now)
-            else:
-                ws.ensure()
-        call = AgentCall(ws, caller, store, row, now, piggyback, method, live)
-        yield call
-        if not call.finished:
-            call.finish()
-
-
-def _who(who: Who | None, session_id: str | None = None) -> Who:
-    who = who or Who()
-    if session_id is not None:
-        return Who(who.agent_id, session_id, who.run_token, who.named_only)
-    return who
 
 
 # -- start -----------------------------------------------------------------------------------------
@@ -484,7 +68,7 @@ def start(ws, *, agent_id: str | None = None, session_id: str | None = None, har
           now: datetime | None = None, write_identity: bool = True) -> dict:
     """`start_session`: register the agent in a session, beat, write identity.json, drain (startup_drain)."""
     env = os.environ if env is None else env
-    now = _now(now, ws)
+    now = clock(ws, now)
     if agent_id is not None:
         validate_agent_id(agent_id)
     if session_id is not None:
@@ -516,7 +100,7 @@ def start(ws, *, agent_id: str | None = None, session_id: str | None = None, har
     # the id's registrations in other sessions: an id is one agent across the state directory (one
     # heartbeat file, claims held by name), so joining another session must not mint a second token
     # for someone else's id (docs/SECURITY.md)
-    elsewhere = _registrations(ws, agent_id, skip=session_id) \
+    elsewhere = registrations(ws, agent_id, skip=session_id) \
         if run_token is not None or ws.config.require_run_token else []
     with open_session(ws, session_id) as store, store.write() as conn:
         row = agent_row(conn, agent_id)
@@ -576,9 +160,7 @@ def beat(ws, who: Who | None = None, *, status: str | None = None, task: str | N
             fields["note"] = note
         if not call.registered and env.get(ENV_HARNESS):
             fields["harness"] = env[ENV_HARNESS]
-        call.heartbeat_fields = fields
-        call.durable_beat = True
-        result = call.finish({})
+        result = call.finish({}, beat=fields, durable=True)
         return {"heartbeat": call.heartbeat, "agent_id": call.agent_id, "session_id": call.session_id,
                 "registered": call.registered, "pending_signals": result["pending_signals"],
                 "pending_remaining": result["pending_remaining"]}
@@ -670,7 +252,7 @@ def inbox(ws, who: Who | None, session_id: str, agent_id: str, *, env=None, meth
     refusal = f"the inbox of {agent_id} in session {session_id} is read only by that agent itself"
     if who.agent_id is not None and who.agent_id != agent_id:
         raise ForbiddenError(refusal)
-    with as_agent(ws, _who(who, session_id), env=env, piggyback=False, now=now) as call:
+    with as_agent(ws, in_session(who, session_id), env=env, piggyback=False, now=now) as call:
         if (call.agent_id, call.session_id) != (agent_id, session_id):
             raise ForbiddenError(refusal)
         with call.store.write() as conn:
@@ -730,7 +312,7 @@ def follow_signals(ws, who: Who | None = None, *, unread_only: bool = True, limi
 def warn_sessions(ws, incident: dict, now: datetime | None = None) -> list[dict]:
     """The escalation writer's `warn`: a broadcast from `synapolis.watchdog` into each active session
     the incident's agent is registered in (every active session for `@global`)."""
-    now = _now(now, ws)
+    now = clock(ws, now)
     agent = str(incident.get("agent_id") or "@global")
     targets = active_sessions(ws) if agent.startswith("@") else sessions_of_agent(ws, agent)
     condition = incident.get("condition", "failing")
@@ -790,8 +372,8 @@ def list_agents(ws, who: Who | None = None, *, session_id: str | None = None, en
     status and their heartbeat's effective status."""
     from .status import status_of_agent_anywhere
 
-    now = _now(now, ws)
-    with as_agent(ws, _who(who, session_id), env=env, piggyback=piggyback, mutation=False, required=False,
+    now = clock(ws, now)
+    with as_agent(ws, in_session(who, session_id), env=env, piggyback=piggyback, mutation=False, required=False,
                   now=now) as call:
         agents = []
         copies: dict = {}  # a shared store's heartbeat copies, read once at the first agent with no file here
@@ -828,7 +410,7 @@ def read_notes(ws, who: Who | None = None, *, session_id: str | None = None, lim
     if before is not None and (not isinstance(before, int) or isinstance(before, bool) or before < 1):
         raise UsageError(f"before must be a note seq (a whole number >= 1), not {before!r}")
     budget_chars = NOTES_BUDGET_CHARS if budget_chars is None else budget_chars
-    with as_agent(ws, _who(who, session_id), env=env, piggyback=piggyback, mutation=False, required=False,
+    with as_agent(ws, in_session(who, session_id), env=env, piggyback=piggyback, mutation=False, required=False,
                   now=now) as call:
         scope = _read_scope(ws, call, session_id)
         notes = _notes_page(ws, scope[0], limit, before) if scope else []
@@ -887,7 +469,7 @@ def whiteboard_read(ws, who: Who | None = None, key: str | None = None, *, sessi
     if after is not None:
         board.check_key(after)
     _check_limit(limit)
-    with as_agent(ws, _who(who, session_id), env=env, piggyback=piggyback, mutation=False, required=False,
+    with as_agent(ws, in_session(who, session_id), env=env, piggyback=piggyback, mutation=False, required=False,
                   now=now) as call:
         scope = _read_scope(ws, call, session_id)
         if not scope:

@@ -204,6 +204,15 @@ def read_bytes(path: Path | str, limit: int | None = None) -> bytes:
         os.close(fd)
 
 
+def file_signature(path) -> tuple | None:
+    """Which file is at `path` (device, inode, mtime, size): an atomic replace by anyone changes it."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
+
+
 def read_json(path: Path | str):
     """Parse a JSON file; raises FileNotFoundError, or ValueError for anything unparseable."""
     raw = read_bytes(path)

@@ -17,7 +17,8 @@ from .errors import (BusyError, ConflictError, ForbiddenError, InternalError, No
                      SynapolisError, UsageError)
 from .names import check_text, validate_agent_id, validate_claim_item, validate_session_id
 from .status import CLAIMABLE_FROM, status_of_agent_anywhere
-from .timeutil import UTC, format_ts, humanize_age, parse_ts, utcnow
+from .store import clock
+from .timeutil import format_ts, humanize_age, parse_ts
 
 SCHEMA_VERSION = 1
 # The history in the claim file is capped; claims.jsonl keeps every event.
@@ -159,17 +160,6 @@ def _high_water(ws, item: str, record: dict | None, known: bool = True) -> int:
 
 
 # --- decisions -----------------------------------------------------------------------------------
-
-def _moment(now: datetime | None, ws=None) -> datetime:
-    """`now` as given, else the store's clock (the database server's on a shared store: §12)."""
-    if now is None:
-        if ws is not None:
-            from .store import store_for
-
-            return store_for(ws).now()
-        return utcnow()
-    return now.replace(tzinfo=UTC) if now.tzinfo is None else now
-
 
 def claim_state(record: dict, now: datetime) -> str:
     """held, expired or released: what a claim record means at `now`."""
@@ -469,7 +459,7 @@ def claim(ws, item: str | None = None, agent_id: str | None = None, session_id: 
     while True:
         # a given `now` is exact for the first attempt; the retries of a wait move on from it
         elapsed = time.monotonic() - started if retried else 0.0
-        moment = _moment(None, ws) if now is None else _moment(now) + timedelta(seconds=elapsed)
+        moment = clock(ws) if now is None else clock(ws, now) + timedelta(seconds=elapsed)
         try:
             record, event = _acquire(ws, item, agent_id, session_id, ttl, moment)
             return Claim(record, ws=ws, agent_id=agent_id, session_id=session_id, ttl_s=ttl, event=event)
@@ -566,7 +556,7 @@ def renew(ws, item: str, agent_id: str, token: int, ttl_s: float | None = None,
     validate_agent_id(agent_id)
     ttl = check_ttl(ttl_s, ws.config)
     _existing(ws, item)  # NotFound before any lock file is made
-    now = _moment(now, ws)
+    now = clock(ws, now)
     with _slot(ws, item) as slot:
         record = _existing(ws, item, slot)
         _require_live(record, token, now, agent_id)
@@ -587,7 +577,7 @@ def release(ws, item: str, agent_id: str, force: bool = False, reason: str | Non
     validate_claim_item(item)
     validate_agent_id(agent_id)
     check_force(force, reason)
-    now = _moment(now, ws)
+    now = clock(ws, now)
     _existing(ws, item)  # NotFound before any lock file is made
     with _slot(ws, item) as slot:
         record = _existing(ws, item, slot)
@@ -639,7 +629,7 @@ def check(ws, item: str, token, now: datetime | None = None) -> dict:
     if isinstance(token, bool) or not isinstance(token, int):
         raise UsageError(f"a token is a whole number, not {token!r}")
     record = _existing(ws, item)
-    _require_live(record, token, _moment(now, ws))
+    _require_live(record, token, clock(ws, now))
     return record
 
 
@@ -654,7 +644,7 @@ def held_items(ws, now: datetime | None = None) -> dict[str, list[str]]:
     """{agent_id: [items it holds now]} (unreleased, unexpired leases), for the monitor document."""
     from .store import store_for
 
-    now = _moment(now, ws)
+    now = clock(ws, now)
     held: dict[str, list[str]] = {}
     for doc, _name, _error in store_for(ws).claim_documents():
         if _is_record(doc) and claim_state(doc, now) == "held":
@@ -667,7 +657,7 @@ def list_claims(ws, now: datetime | None = None) -> list[dict]:
     whether another agent could take it now; an unreadable file is listed with state 'invalid'."""
     from .store import store_for
 
-    now = _moment(now, ws)
+    now = clock(ws, now)
     statuses: dict[str, str] = {}
     out = []
     for doc, name, error in store_for(ws).claim_documents():
@@ -695,7 +685,7 @@ def reap(ws, now: datetime | None = None) -> list[dict]:
     A stale holder may still come back, so its claim stays (others may take it over, §9). An item
     whose lock is busy is left for the next pass rather than failing the whole pass.
     """
-    now = _moment(now, ws)
+    now = clock(ws, now)
     reaped = []
     for entry in list_claims(ws, now):
         if entry["state"] != "expired" and entry.get("holder_status") not in REAPED_HOLDER_STATUSES:

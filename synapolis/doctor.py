@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from . import hook_install
+from .harness import install as hook_install
 from .atomic import TEMP_PREFIX, TEMP_SUFFIX, old_temp_files, read_bytes
 from .config import check_config, notify_problems
 from .errors import UsageError
@@ -254,7 +254,7 @@ def _is_our_server(entry) -> bool:
 
 
 def _load_toml(path: Path):
-    from .harness_settings import load_toml
+    from .harness.settings import load_toml
 
     try:
         return load_toml(path)
@@ -353,7 +353,7 @@ def check_hook_commands(document: dict, harness: str, check: str, install: str, 
 # -- what each harness's own settings decide --------------------------------------------------------
 
 def _check_gemini(project: Path, document: dict, settings: Path, check: str, env) -> list[dict]:
-    from . import harness_settings as hs
+    from .harness import settings as hs
 
     results = []
     if hook_install.legacy_gemini_switch(document):
@@ -390,7 +390,7 @@ def _check_gemini(project: Path, document: dict, settings: Path, check: str, env
 
 
 def _check_codex_features(project: Path, check: str, env=None) -> list[dict]:
-    from .harness_settings import codex_home
+    from .harness.settings import codex_home
 
     for config in (project / ".codex" / "config.toml", codex_home(env) / "config.toml"):
         try:
@@ -406,7 +406,7 @@ def _check_codex_features(project: Path, check: str, env=None) -> list[dict]:
 
 def _check_codex_trust(project: Path, settings: Path, document: dict, check: str, install: str, env) -> list[dict]:
     """Codex runs a project's hooks only in a trusted project, each once its current hash is trusted."""
-    from . import harness_settings as hs
+    from .harness import settings as hs
 
     home = hs.codex_home(env)
     config_path = home / "config.toml"
@@ -446,7 +446,7 @@ def _check_codex_trust(project: Path, settings: Path, document: dict, check: str
 
 
 def _check_mcp(project: Path, harness: str, check: str, env=None) -> list[dict]:
-    from .harness_settings import codex_home
+    from .harness.settings import codex_home
 
     candidates = [project / MCP_FILES[harness]]
     if harness == "codex":

@@ -1,7 +1,13 @@
-"""Escalation incidents: the reconcile policy, the notifier, the writer, ack and listing (contract §6)."""
+"""Escalation incidents: the reconcile policy, the notifier, the writer, ack and listing (contract §6).
+
+Where incidents live is the store's business (`Store.escalation_book()`): files under the local lock with
+the SQLite store (`file_book` below), tables shared by every machine with the PostgreSQL store, which
+then mirrors them into this machine's `escalations/` files for local readers (§12).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -274,6 +280,41 @@ def _record(paths, changed: dict, records: list) -> None:
             raise
 
 
+class FileBook:
+    """The incidents as files (the SQLite store): `escalations/<key>.json` is the current incident of each
+    key, `escalations.jsonl` every event; used under the local escalation lock (file_book)."""
+
+    def __init__(self, paths):
+        self.paths = paths
+
+    def current(self) -> dict:
+        return load_incidents(self.paths)
+
+    def record(self, changed: dict, records: list) -> None:
+        _record(self.paths, changed, records)
+
+
+@contextlib.contextmanager
+def file_book(ws):
+    """The file-backed book of incidents, held exclusively on this machine."""
+    with locked(ws.paths.lock("escalation")):
+        yield FileBook(ws.paths)
+
+
+def file_log(ws) -> list:
+    """Every event record ever logged (escalations.jsonl), oldest first."""
+    return list(read_jsonl(ws.paths.escalations_log))
+
+
+def mirror(paths, incidents: dict, records: list) -> None:
+    """A shared store's pass keeps this machine's files for local readers (§12): its event lines appended
+    to escalations.jsonl, and every `escalations/<key>.json` that differs from the store's incident
+    rewritten (so an incident another machine resolved reads resolved here too)."""
+    local = load_incidents(paths)
+    changed = {name: incident for name, incident in incidents.items() if local.get(name) != incident}
+    _record(paths, changed, records)
+
+
 def read_monitor(paths):
     """The current monitor document, or None when there is none yet."""
     try:
@@ -294,16 +335,20 @@ def run_escalation(ws, now: datetime | None = None, on_alert=None) -> dict:
     broadcast into each active session the agent belongs to (contract §6). Its exceptions are
     recorded in the event, never raised.
     """
-    now = now or utcnow()
+    from .store import store_for
+
+    store = store_for(ws)
+    now = now or store.now()
     if on_alert is None:
         from .actions import warn_sessions
 
         def on_alert(incident):
             warn_sessions(ws, incident, now=now)
     paths = ws.paths
-    with locked(paths.lock("escalation")):
+    # one writer at a time: on this machine, and with a shared store across every machine
+    with store.escalation_book() as book:
         monitor = read_monitor(paths)
-        current = load_incidents(paths)
+        current = book.current()
         if monitor is None:
             return {"monitor_generated_at": None, "events": [], "incidents": _open_list(current),
                     "message": "no monitor document yet: run `synapolis monitor` first"}
@@ -311,7 +356,7 @@ def run_escalation(ws, now: datetime | None = None, on_alert=None) -> dict:
         for event in events:
             _deliver(ws, incidents[event["key_name"]], event, on_alert)
         changed = {name: incident for name, incident in incidents.items() if incident != current.get(name)}
-        _record(paths, changed, [_log_record(e, incidents[e["key_name"]]) for e in events])
+        book.record(changed, [_log_record(e, incidents[e["key_name"]]) for e in events])
     records = [{k: v for k, v in e.items() if k != "key_name"} for e in events]
     return {
         "monitor_generated_at": monitor.get("generated_at"),
@@ -332,15 +377,18 @@ def _open_list(incidents: dict) -> list:
 
 def list_incidents(ws, include_resolved: bool = False) -> dict:
     """Open incidents, or with `include_resolved` every incident ever (from the log and the files)."""
-    current = load_incidents(ws.paths)
+    from .store import store_for
+
+    store = store_for(ws)
+    current = store.incidents()
     if not include_resolved:
         return {"incidents": _open_list(current)}
     latest = {}
-    for record in read_jsonl(ws.paths.escalations_log):
+    for record in store.incident_log():
         incident = record.get("incident")
         if is_incident(incident):
             latest[incident["id"]] = incident
-    for incident in current.values():  # the files are the truth for current incidents
+    for incident in current.values():  # the current records are the truth for current incidents
         latest[incident["id"]] = incident
     return {"incidents": _sorted(latest.values())}
 
@@ -362,11 +410,13 @@ def _find(current: dict, incident_id: str) -> str:
 
 def ack(ws, incident_id: str, now: datetime | None = None) -> dict:
     """Acknowledge a current incident so it is not re-notified; acking twice changes nothing."""
-    now = now or utcnow()
+    from .store import store_for
+
+    store = store_for(ws)
+    now = now or store.now()
     at = format_ts(now)
-    paths = ws.paths
-    with locked(paths.lock("escalation")):
-        current = load_incidents(paths)
+    with store.escalation_book() as book:
+        current = book.current()
         name = _find(current, incident_id)
         incident = current[name]
         if incident.get("acked_at"):
@@ -375,5 +425,5 @@ def ack(ws, incident_id: str, now: datetime | None = None) -> dict:
         _touch(incident, "acked", at, notify=False)
         event = _event("acked", name, incident, at)
         _deliver(ws, incident, event)
-        _record(paths, {name: incident}, [_log_record(event, incident)])
+        book.record({name: incident}, [_log_record(event, incident)])
     return {"incident": incident, "acked": True}

@@ -456,15 +456,13 @@ def tired(ws, who=None, *, memories=None, env=None, piggyback: bool = True, now:
     More than zero: standby, commit, return. Zero (or the session has ended already): consolidate
     (see `consolidate`), and after the commit mark the session `ended` in session.json.
     """
-    from . import actions
+    from .agent_call import as_agent
     from .sessions import count_live_agents, end_session, flag_stale_in, ts
 
     checked = coerce_memories(memories)
-    with actions.as_agent(ws, who, env=env, piggyback=piggyback, now=now) as call:
+    with as_agent(ws, who, env=env, piggyback=piggyback, now=now) as call:
         me, session_id, moment = call.agent_id, call.session_id, call.now
         # heartbeat file and registry go `idle` through the call's own refresh (finish, below)
-        call.heartbeat_fields = {"status": "idle"}
-        call.durable_beat = True
         ended_before = _session_status(ws, session_id) == "ended"
         result = {"agent_id": me, "session_id": session_id}
         reader = None
@@ -487,7 +485,7 @@ def tired(ws, who=None, *, memories=None, env=None, piggyback: bool = True, now:
                                           announce=not ended_before, reader=reader))
             else:
                 result["still_staged"] = tx.count_staged()
-            call.finish(result, tx)
+            call.finish(result, tx, beat={"status": "idle"}, durable=True)
         if result["outcome"] == "consolidated":
             from .store import store_for
 

@@ -126,7 +126,7 @@ class TokenBook:
         self._records: list[dict] = []
 
     def _current(self) -> list[dict]:
-        from .actions import file_signature
+        from .atomic import file_signature
 
         signature = file_signature(self.ws.files.tokens)
         if signature != self._signature or signature is None:

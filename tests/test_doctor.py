@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from synapolis import doctor, harness_settings, hook_install, schemas
+from synapolis import doctor, schemas
+from synapolis.harness import install as hook_install, settings as harness_settings
 
 
 @pytest.fixture

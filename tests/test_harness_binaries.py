@@ -23,7 +23,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from synapolis import doctor, harness_settings, hook_install
+from synapolis import doctor
+from synapolis.harness import install as hook_install, settings as harness_settings
 
 CODEX = os.environ.get("SYNAPOLIS_TEST_CODEX") or shutil.which("codex")
 GEMINI = os.environ.get("SYNAPOLIS_TEST_GEMINI") or shutil.which("gemini")
@@ -199,7 +200,8 @@ def test_claude_code_counts_a_hooks_context_in_utf16_units_up_to_10000(tmp_path,
 def test_claude_code_gets_synapolis_signals_whole_or_not_at_all(tmp_path, model):
     import uuid
 
-    from synapolis import actions, hooks
+    from synapolis import actions
+    from synapolis.harness import hooks
     from synapolis.identity import Who
     from synapolis.workspace import Workspace
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from synapolis import harness_settings, hook_install
+from synapolis.harness import install as hook_install, settings as harness_settings
 from synapolis.errors import UsageError
 
 EXISTING = {

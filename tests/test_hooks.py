@@ -14,7 +14,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from synapolis import actions, hooks
+from synapolis import actions
+from synapolis.harness import hooks
 from synapolis.identity import Who
 from synapolis.workspace import Workspace
 
@@ -561,7 +562,7 @@ def test_a_slot_taken_over_while_stale_is_not_acted_for(hws):
 
 
 def test_hooks_of_one_conversation_that_fire_together_register_once(hws, tmp_path):
-    script = ("import json, sys\nfrom synapolis import hooks\n"
+    script = ("import json, sys\nfrom synapolis.harness import hooks\n"
               "r = hooks.handle('claude-code', sys.stdin.read(), state_dir=sys.argv[1], env={})\n"
               "print(json.dumps(r['agent_id']))\n")
     raw = json.dumps(event("claude-code", "PostToolUse"))

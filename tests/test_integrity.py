@@ -19,6 +19,7 @@ from conftest import sqlite_rows, Holder, fill_to, jsonl_is_whole, pad_jsonl, ru
 from synapolis import actions, atomic, board, config as config_mod, schemas, sleep
 from synapolis.identity import Who
 from synapolis.errors import UsageError
+from synapolis.timeutil import utcnow
 from synapolis.workspace import Workspace
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="rlimits, flock and tmpfs are POSIX")
@@ -42,7 +43,7 @@ def test_a_note_past_the_file_size_limit_fails_whole_and_leaves_no_torn_line(ws)
     # before: os.write wrote what fit, `note` exited 0 and the note was a torn line nobody could read
     sid, alice = _pair(ws)
     path = ws.paths.session_notes(sid)
-    board.append_note(ws, sid, "bob", "before", actions.utcnow())
+    board.append_note(ws, sid, "bob", "before", utcnow())
     pad_jsonl(path, LIMIT - 3000)
     size = os.path.getsize(path)
     out = run_limited(ws.root, "note", "y" * 5000, *alice, fsize=LIMIT)
@@ -295,7 +296,7 @@ def test_read_notes_reads_the_newest_from_the_end(ws, monkeypatch):
     line = {"seq": 0, "at": "2030-01-01T00:00:00.000000Z", "agent_id": "bob", "text": "old " + "o" * 1000}
     pad_jsonl(path, 8 * 1024 * 1024, line)
     for i in range(7):
-        board.append_note(ws, sid, "alice", f"new {i}", actions.utcnow())
+        board.append_note(ws, sid, "alice", f"new {i}", utcnow())
     read = []
     real_pread = os.pread
     monkeypatch.setattr(atomic.os, "pread", lambda fd, n, at: read.append(n) or real_pread(fd, n, at))

@@ -1,6 +1,6 @@
-"""The long-lived server's fast paths (actions.LongLived, issue 6): a pure refresh within the window writes
-nothing, any change or an expired window writes, the CLI never coalesces; stores, callers and config kept
-between calls stay correct when the files under them change."""
+"""The long-lived server's fast paths (synapolis.mcp.live.LongLived, issue 6): a pure refresh within the
+window writes nothing, any change or an expired window writes, the CLI never coalesces; stores, callers and
+config kept between calls stay correct when the files under them change."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from datetime import timedelta
 import anyio
 import pytest
 
-from synapolis import actions
+from synapolis import actions, agent_call
 from synapolis.identity import Who
+from synapolis.mcp.live import LongLived
 from synapolis.timeutil import format_ts
 
 from conftest import NOW
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 def live_call(live, verb, *args, **kwargs):
     """`verb` run the way the MCP server runs it: inside `long_lived(live)`."""
-    with actions.long_lived(live):
+    with agent_call.long_lived(live):
         return verb(*args, **kwargs)
 
 
@@ -62,12 +63,12 @@ def agent(ws, start_agent):
 
 @pytest.fixture
 def live():
-    kept = actions.LongLived()
+    kept = LongLived()
     yield kept
     kept.close()
 
 
-# -- the library: actions.as_agent(live=...) ------------------------------------------------------------
+# -- the library: agent_call.as_agent(live=...)------------------------------------------------------------
 
 def test_a_pure_refresh_within_the_window_writes_nothing(ws, agent, live):
     first = actions.read_signals(ws, agent, env={}, now=at(10))
@@ -76,7 +77,7 @@ def test_a_pure_refresh_within_the_window_writes_nothing(ws, agent, live):
     for offset in (10.2, 10.5, 10.9):
         actions.read_signals(ws, agent, env={}, now=at(offset))  # CLI mode: no live, always writes
     assert heartbeat(ws, "bob")["seq"] == seq + 3
-    with actions.long_lived(live):
+    with agent_call.long_lived(live):
         actions.note(ws, agent, "one", env={}, now=at(20))  # the first live call writes
     written = heartbeat(ws, "bob")
     assert written["seq"] == seq + 4 and written["beat_at"] == format_ts(at(20))
@@ -172,7 +173,7 @@ def test_no_piggyback_in_a_coalesced_call_marks_nothing(ws, agent, live, start_a
     start_agent("alice", session_id=agent.session_id, now=NOW)
     live_call(live, actions.read_signals, ws, agent, env={}, now=at(10))
     actions.signal(ws, Who("alice", agent.session_id), "bob", "later", env={}, now=at(10.1))
-    with actions.long_lived(live):
+    with agent_call.long_lived(live):
         answer = actions.note(ws, agent, "quiet", env={}, now=at(10.2), piggyback=False)
     assert answer["pending_signals"] == []
     assert db_rows(agent.session_id, "SELECT * FROM signal_deliveries") == []
@@ -191,7 +192,7 @@ def test_cli_calls_are_never_coalesced(ws, agent, cli):
 
 
 def test_decision_function(ws):
-    from synapolis.actions import refresh_is_redundant
+    from synapolis.mcp.live import refresh_is_redundant
 
     doc = {"status": "active", "harness": "mcp", "seq": 3}
     last = {"at": NOW, "doc": doc, "signature": (1, 2, 3, 4), "registry": ("r", "active")}

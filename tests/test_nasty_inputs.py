@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from synapolis import actions, atomic, board, config, heartbeat, hooks
+from synapolis import actions, atomic, board, config, heartbeat
+from synapolis.harness import hooks
 from synapolis.errors import UsageError
 from synapolis.identity import Who
 from synapolis.schemas import validation_errors
@@ -359,7 +360,7 @@ def test_deep_lines_in_jsonl_logs_are_skipped(ws, cli, pair):
 def test_deeply_nested_hook_input_and_settings(state_dir, tmp_path):
     answer = hooks.handle("claude-code", DEEP, state_dir=state_dir, env={})
     assert answer["output"] == {} and "not JSON" in answer["problems"][0]
-    from synapolis.hook_install import install
+    from synapolis.harness.install import install
 
     (tmp_path / ".claude").mkdir()
     (tmp_path / ".claude" / "settings.json").write_text(DEEP)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from synapolis import actions
-from synapolis.hooks import agent_id_for
+from synapolis.harness.hooks import agent_id_for
 from synapolis.identity import Who
 from synapolis.workspace import Workspace
 

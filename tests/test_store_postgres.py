@@ -194,6 +194,97 @@ def test_one_watchdog_pass_across_machines(machines):
     assert out.returncode == 0 and json.loads(out.stdout)["ran"] is True
 
 
+ESCALATOR = r"""
+import json, sys
+from synapolis.escalation import run_escalation
+from synapolis.monitor import run_monitor
+from synapolis.workspace import Workspace
+ws = Workspace.open(sys.argv[1])
+sys.stdin.readline()  # the start line: every pass goes at once
+run_monitor(ws)
+print(json.dumps(run_escalation(ws)["events"]))
+"""
+
+
+def _notify_into(ws, path) -> Workspace:
+    script = "import os, sys; open(sys.argv[1], 'a').write(os.environ['SYNAPOLIS_EVENT'] + '\\n')"
+    return _config(ws, escalation={"notify_cmd": [sys.executable, "-c", script, str(path)]})
+
+
+def _put_copy(url, agent_id, seconds_ago):
+    """A heartbeat copy in the database only (an agent on a third machine), `seconds_ago` by the server's clock."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        now = conn.execute("SELECT clock_timestamp() AT TIME ZONE 'UTC'").fetchone()[0]
+        from datetime import timedelta, timezone
+
+        from synapolis.timeutil import format_ts
+
+        stamp = format_ts((now - timedelta(seconds=seconds_ago)).replace(tzinfo=timezone.utc))
+        doc = {"schema_version": 1, "agent_id": agent_id, "harness": "test", "status": "active", "beat_at": stamp,
+               "seq": 1, "host": "third-machine"}
+        conn.execute("INSERT INTO heartbeats (agent_id, host, doc, received_at) VALUES (%s, 'third-machine', %s, %s) "
+                     "ON CONFLICT (agent_id) DO UPDATE SET doc = excluded.doc, received_at = excluded.received_at",
+                     (agent_id, json.dumps(doc), stamp))
+
+
+def test_escalation_passes_racing_on_two_machines_open_one_incident(machines, tmp_path):
+    """Six monitor+escalate passes (three per machine) released at once, then both machines' watchdogs: one
+    incident for the agent, one `opened` event in the database and one notification; every machine lists it
+    and mirrors it into its own escalations/ file (§12); a recovery seen on one is seen on the other."""
+    import psycopg
+
+    told = tmp_path / "notified.txt"
+    laptop, runner = (_notify_into(ws, told) for ws in machines)
+    url = laptop.config.store
+    sid = actions.start(laptop, agent_id="alice", session_id="s1", env={})["session_id"]
+    actions.start(runner, agent_id="bob", session_id=sid, env={})
+    _put_copy(url, "ghost", 7200)  # dead: beyond dead_after_s
+    procs = [subprocess.Popen([sys.executable, "-c", ESCALATOR, str(ws.root)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for ws in (laptop, runner, laptop, runner, laptop, runner)]
+    time.sleep(1.0)  # every racer has imported and waits on its start line
+    for proc in procs:
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    outs = [proc.communicate(timeout=60) for proc in procs]
+    assert all(proc.returncode == 0 for proc in procs), [err for _out, err in outs]
+    events = [e for out, _err in outs for e in json.loads(out)]
+    assert [(e["event"], e["agent_id"]) for e in events] == [("opened", "ghost")]
+    for ws in (laptop, runner):  # sequential passes on both machines add nothing
+        out = run_cli(ws, "watchdog", "--json")
+        assert out.returncode == 0 and json.loads(out.stdout)["ran"] is True, out.stderr
+        assert json.loads(out.stdout)["escalation"]["events"] == []
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("SELECT key_name, id, status FROM escalation_incidents").fetchall()
+        logged = conn.execute("SELECT event, incident_id FROM escalation_events").fetchall()
+    assert len(rows) == 1 and rows[0][0] == "ghost" and rows[0][2] == "open"
+    incident_id = rows[0][1]
+    assert logged == [("opened", incident_id)]
+    assert told.read_text().split() == ["opened"]
+    for ws in (laptop, runner):
+        listed = json.loads(run_cli(ws, "escalations", "--json").stdout)["incidents"]
+        assert [(i["id"], i["agent_id"], i["level"]) for i in listed] == [(incident_id, "ghost", 2)]
+        assert json.loads((ws.paths.escalations / "ghost.json").read_text())["id"] == incident_id
+    local_lines = [line for ws in (laptop, runner) if ws.paths.escalations_log.exists()
+                   for line in ws.paths.escalations_log.read_text().splitlines()]
+    assert len(local_lines) == 1  # the event is in the log of the machine whose pass opened it
+
+    # acked on one machine, recovered and resolved on the other: both see it
+    out = run_cli(runner, "escalations", "ack", incident_id[:8], "--json")
+    assert out.returncode == 0, out.stderr
+    _put_copy(url, "ghost", 0)
+    out = run_cli(runner, "watchdog", "--json")
+    assert [e["event"] for e in json.loads(out.stdout)["escalation"]["events"]] == ["resolved"]
+    assert json.loads(run_cli(laptop, "escalations", "--json").stdout)["incidents"] == []
+    every = json.loads(run_cli(laptop, "escalations", "--all", "--json").stdout)["incidents"]
+    assert [(i["id"], i["status"], bool(i["acked_at"])) for i in every] == [(incident_id, "resolved", True)]
+    run_cli(laptop, "watchdog")
+    assert json.loads((laptop.paths.escalations / "ghost.json").read_text())["status"] == "resolved"
+    assert told.read_text().split() == ["opened", "acked", "resolved"]
+
+
 SENDER_LOOP = r"""
 import sys
 from synapolis import actions

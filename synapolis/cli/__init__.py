@@ -3,7 +3,7 @@
 Hooks call the CLI on every tool call of every agent, so start-up cost matters twice over here:
 commands live in the modules of this package and are imported only when invoked, and click itself
 (most of the cost of a bare `python -c "import click"`) is imported only when a verb needs it. A
-hook does not: `main` hands `[--state-dir DIR] hook HARNESS` straight to `synapolis.hooks`, and the
+hook does not: `main` hands `[--state-dir DIR] hook HARNESS` straight to `synapolis.harness.hooks`, and the
 plain forms of the hot agent verbs (beat, signal, read-signals, ...) to `synapolis.cli.fast`.
 """
 
@@ -173,7 +173,7 @@ def _hook_call(args) -> tuple[str | None, str] | None:
 
 def run_hook(harness: str, state_dir=None) -> None:
     """`synapolis hook HARNESS`: one event from stdin, the harness's answer on stdout, problems on stderr."""
-    from ..hooks import MAX_INPUT_BYTES, run_bounded
+    from ..harness.hooks import MAX_INPUT_BYTES, run_bounded
 
     def read_input():
         if sys.stdin is None or sys.stdin.isatty():

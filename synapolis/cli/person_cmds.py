@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from ..hooks import HARNESS_NAMES
+from ..harness.hooks import HARNESS_NAMES
 from .common import emit, json_option, workspace
 
 
@@ -65,7 +65,7 @@ def hooks_install_cmd(harness, project_dir, trust, as_json):
 
     Example: synapolis hooks install gemini-cli --project-dir ~/src/app
     """
-    from ..hook_install import install
+    from ..harness.install import install
 
     def text(d):
         done = [f"added hooks for {', '.join(d['added'])}"] if d["added"] else []
@@ -88,7 +88,7 @@ def hooks_uninstall_cmd(harness, project_dir, as_json):
 
     Example: synapolis hooks uninstall codex --project-dir .
     """
-    from ..hook_install import uninstall
+    from ..harness.install import uninstall
 
     def text(d):
         what = f"removed hooks from {', '.join(d['removed'])}" if d["removed"] else "no synapolis hooks found"

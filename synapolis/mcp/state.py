@@ -16,11 +16,12 @@ import anyio.from_thread
 from mcp.server.subscriptions import InMemorySubscriptionBus, ResourceUpdated
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from .. import actions
+from ..atomic import file_signature
 from ..errors import ForbiddenError
 from ..paths import CONFIG_NAME
 from ..workspace import Workspace
 from . import watch
+from .live import LongLived
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +95,8 @@ class ServerState:
         self.change_feed = False  # the team server: the watcher also reports any change (the dashboard)
         self.changes = 0
         self._change_event = None
-        # stores held open, callers resolved, refreshes coalesced between calls (actions.LongLived)
-        self.live = actions.LongLived(max_sessions=MAX_KEPT)
+        # stores held open, callers resolved, refreshes coalesced between calls (live.LongLived)
+        self.live = LongLived(max_sessions=MAX_KEPT)
         self._ws: tuple | None = None  # (config file signature, Workspace)
         self._users = 0
         self._token = None  # the event loop's, for the watcher's thread to deliver on
@@ -104,7 +105,7 @@ class ServerState:
     def workspace(self, create: bool = False) -> Workspace:
         """The state directory and its config, re-read only when synapolis.json changed (an edit applies
         to the next call without restarting the harness)."""
-        signature = actions.file_signature(os.path.join(self.root, CONFIG_NAME))
+        signature = file_signature(os.path.join(self.root, CONFIG_NAME))
         cached = self._ws
         if self.fast and cached is not None and signature is not None and cached[0] == signature:
             ws = cached[1]

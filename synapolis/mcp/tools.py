@@ -16,7 +16,7 @@ from mcp.server.mcpserver import Context
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .. import actions
+from .. import actions, agent_call
 from ..errors import SynapolisError
 from . import watch
 from .errors import error_line, resource_error
@@ -121,7 +121,7 @@ def register_tools(server, state: ServerState) -> None:
         one). The verbs that write create the state directory themselves (as for the CLI)."""
         ws = state.workspace()
         lead = () if who is None else (who,)
-        with actions.long_lived(state.live if state.fast else None):
+        with agent_call.long_lived(state.live if state.fast else None):
             result = fn(ws, *lead, *args, env=state.env if env is None else env, **kwargs)
         state.keep_open(ws, result.get("session_id") or getattr(who, "session_id", None))
         return _answer(result)

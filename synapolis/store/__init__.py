@@ -8,6 +8,7 @@ URL. The PostgreSQL driver (psycopg) is imported only when that store is in use.
 from __future__ import annotations
 
 import os
+from datetime import datetime, timezone
 
 from .base import SessionStore as SessionStoreBase, Store, Transaction  # noqa: F401
 from .sqlite import SCHEMA_VERSION, SessionStore, SqliteStore  # noqa: F401  (SessionStore: the SQLite one)
@@ -41,6 +42,14 @@ def store_for(ws) -> Store:
     else:
         store.ws = ws
     return store
+
+
+def clock(ws, now: datetime | None = None) -> datetime:
+    """Every verb's `now`: the one the caller fixed (a naive one taken as UTC), else the store's clock,
+    the database server's on a shared store (§12); without a state directory, this machine's."""
+    if now is not None:
+        return now if now.tzinfo is not None else now.replace(tzinfo=timezone.utc)
+    return store_for(ws).now() if ws is not None else datetime.now(timezone.utc)
 
 
 def open_session(ws, session_id: str, create: bool = False) -> SessionStoreBase:

@@ -308,6 +308,28 @@ class Store(abc.ABC):
 
         return file_documents(self.ws)
 
+    # -- escalation incidents (contract §6) ------------------------------------------------------------
+    def escalation_book(self) -> contextlib.AbstractContextManager:
+        """`with store.escalation_book() as book:` the incidents, held exclusively (one writer at a time
+        across every machine sharing the store): `book.current()` {key name: incident}, and
+        `book.record(changed, records)`, the changed incidents and the event records, all or none.
+        SQLite: the escalations/ files under their file lock."""
+        from ..escalation import file_book
+
+        return file_book(self.ws)
+
+    def incidents(self) -> dict:
+        """The current incident of every key, {key name: incident}, without locking."""
+        from ..escalation import load_incidents
+
+        return load_incidents(self.ws.paths)
+
+    def incident_log(self) -> list:
+        """Every escalation event record ever stored (each with its `incident`), oldest first."""
+        from ..escalation import file_log
+
+        return file_log(self.ws)
+
     def now(self):
         """The moment every comparison between agents uses: the local clock, or the server's."""
         from ..timeutil import utcnow

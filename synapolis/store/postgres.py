@@ -36,7 +36,7 @@ try:
 except ImportError:  # pragma: no cover - exercised by a test with the driver hidden
     psycopg = None
 
-SCHEMA_VERSION = 5  # each version's script is idempotent: an upgrade runs the whole of it again
+SCHEMA_VERSION = 6  # each version's script is idempotent: an upgrade runs the whole of it again
 CONNECT_TIMEOUT_S = 5  # libpq's connect_timeout; with busy_timeout_ms the bound of §12 (at most 10 s)
 NOTIFY_CHANNEL = "synapolis_signals"
 INSTALL_HINT = 'pip install "synapolis[postgres]"'
@@ -195,6 +195,26 @@ CREATE TABLE IF NOT EXISTS memory_ledger
     merged_by  {_C},
     merged_at  {_C},
     line       TEXT NOT NULL
+);
+
+-- escalation incidents (contract §6; escalations/<key>.json and escalations.jsonl on SQLite): the current
+-- incident of each key (an agent id or '@global': one per key across every machine) and every event
+CREATE TABLE IF NOT EXISTS escalation_incidents
+(
+    key_name   {_C} PRIMARY KEY,
+    id         {_C} NOT NULL,
+    status     {_C} NOT NULL CHECK (status IN ('open', 'resolved')),
+    updated_at {_C},
+    incident   TEXT NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS escalation_events
+(
+    seq         BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    incident_id {_C} NOT NULL,
+    at          {_C} NOT NULL,
+    event       {_C} NOT NULL,
+    record      TEXT NOT NULL
 );
 
 CREATE INDEX IF NOT EXISTS signals_by_session ON signals (session_id, sequence);
@@ -549,6 +569,61 @@ class ClaimSlot:
                          (record["item"], event["at"], json.dumps(event, ensure_ascii=False, separators=(",", ":"))))
 
 
+def _dump(value) -> str:
+    import json
+
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _current_incidents(cur) -> dict:
+    import json
+
+    from ..escalation import is_incident
+
+    cur.execute("SELECT key_name, incident FROM escalation_incidents ORDER BY key_name")
+    found = {}
+    for row in cur.fetchall():
+        with contextlib.suppress(ValueError):
+            incident = json.loads(row["incident"])
+            if is_incident(incident):
+                found[row["key_name"]] = incident
+    return found
+
+
+class EscalationBook:
+    """The incidents in the shared database, on a connection of its own that holds the escalation lock
+    (a session-level advisory lock) for the `with` body: no transaction stays open while notifiers run."""
+
+    def __init__(self, conn, paths):
+        self.conn, self.paths = conn, paths
+        self._current = None
+
+    def current(self) -> dict:
+        with self.conn.cursor() as cur:
+            self._current = _current_incidents(cur)
+        return dict(self._current)
+
+    def record(self, changed: dict, records: list) -> None:
+        """The changed incidents and their events in one transaction; then this machine's files."""
+        from ..escalation import mirror
+
+        if changed or records:
+            with self.conn.transaction(), self.conn.cursor() as cur:
+                if changed:
+                    cur.executemany(
+                        "INSERT INTO escalation_incidents (key_name, id, status, updated_at, incident) "
+                        "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (key_name) DO UPDATE SET id = excluded.id, "
+                        "status = excluded.status, updated_at = excluded.updated_at, incident = excluded.incident",
+                        [(name, i["id"], i["status"], i.get("updated_at"), _dump(i)) for name, i in changed.items()])
+                if records:
+                    cur.executemany("INSERT INTO escalation_events (incident_id, at, event, record) "
+                                    "VALUES (%s, %s, %s, %s)",
+                                    [(r["incident_id"], r["at"], r["event"], _dump(r)) for r in records])
+        incidents = dict(self._current if self._current is not None else {})
+        incidents.update(changed)
+        mirror(self.paths, incidents, records)
+
+
 class PostgresSessionStore(base.SessionStore):
     """One session's rows in the shared database, through the process's connection."""
 
@@ -890,22 +965,48 @@ class PostgresStore(base.Store):
                                  json.dumps(line, ensure_ascii=False, separators=(",", ":"))) for line in fresh])
         return fresh, held
 
-    def read_ledger(self):
+    def _json_objects(self, sql: str) -> list[dict]:
+        """The first column of each row of `sql`, decoded: the JSON objects (anything else skipped)."""
         import json
 
         with self.transaction() as cur:
-            cur.execute("SELECT line FROM memory_ledger ORDER BY seq")
+            cur.execute(sql)
             rows = cur.fetchall()
-        lines = []
+        found = []
         for row in rows:
             with contextlib.suppress(ValueError):
-                line = json.loads(row["line"])
-                if isinstance(line, dict):
-                    lines.append(line)
-        return lines
+                value = json.loads(next(iter(row.values())))
+                if isinstance(value, dict):
+                    found.append(value)
+        return found
+
+    def read_ledger(self):
+        return self._json_objects("SELECT line FROM memory_ledger ORDER BY seq")
 
     def ledger_location(self):
         return f"{self.where} (table memory_ledger)"
+
+    # -- escalation incidents ------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def escalation_book(self):
+        """One escalation writer at a time across every machine: a session-level advisory lock on a
+        connection of its own (waiting at most busy_timeout_ms), released with it."""
+        conn = self._connect()
+        try:
+            try:
+                conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (_key("escalation"),))
+                yield EscalationBook(conn, self.ws.paths)
+            except psycopg.Error as exc:
+                raise self._translate(exc) from None
+        finally:
+            conn.close()  # the lock goes with the connection
+
+    def incidents(self):
+        with self.transaction() as cur:
+            return _current_incidents(cur)
+
+    def incident_log(self):
+        return self._json_objects("SELECT record FROM escalation_events ORDER BY seq")
 
     # -- across machines ---------------------------------------------------------------------------
     @contextlib.contextmanager

@@ -93,7 +93,7 @@ def agent_id_for(harness: str, conversation: str, env=None) -> str:
     The slug is `$SYNAPOLIS_SUBSTRATE` or the harness, never the model named in the event: Claude
     Code names the model on SessionStart only, and the id must not change between events.
     """
-    from .names import generate_agent_id
+    from ..names import generate_agent_id
 
     env = os.environ if env is None else env
     return generate_agent_id(env.get("SYNAPOLIS_SUBSTRATE") or None, harness, conversation_id=conversation,
@@ -211,14 +211,14 @@ def _command_hint(verb: str, agent_id: str, session_id: str | None, run_token: s
 # -- remembering the conversation between calls -------------------------------------------------
 
 def load_state(ws, agent_id: str) -> dict:
-    from .atomic import read_json_or
+    from ..atomic import read_json_or
 
     document = read_json_or(ws.files.hook_state(agent_id), {})  # a str: no pathlib on every hook call
     return document if isinstance(document, dict) else {}
 
 
 def save_state(ws, agent_id: str, document: dict) -> None:
-    from .atomic import atomic_write_json
+    from ..atomic import atomic_write_json
 
     # it holds the run token: readable by this user only
     atomic_write_json(ws.paths.hook_state(agent_id), document, durable=False, mode=0o600)
@@ -228,8 +228,8 @@ def save_state(ws, agent_id: str, document: dict) -> None:
 
 def _workspace(state_dir, env, event):
     """The state directory as §1 finds it, walking up from the harness's project directory."""
-    from .config import Config
-    from .workspace import Workspace
+    from ..config import Config
+    from ..workspace import Workspace
 
     project = env.get("CLAUDE_PROJECT_DIR") or env.get("GEMINI_PROJECT_DIR") or event.get("cwd") or None
     if project and not os.path.isdir(project):
@@ -255,11 +255,11 @@ def _register(ws, harness, key, conversation, event, env, problems, *, refresh: 
     The id is the conversation's derived one (`key`) unless someone else holds it: a hook acts only
     as an agent whose run token it holds, and never adopts an id registered by anyone else.
     """
-    from . import actions
-    from .atomic import locked
-    from .errors import ConflictError, ForbiddenError
-    from .names import generate_agent_id
-    from .sessions import sessions_of_agent
+    from .. import actions
+    from ..atomic import locked
+    from ..errors import ConflictError, ForbiddenError
+    from ..names import generate_agent_id
+    from ..sessions import sessions_of_agent
 
     with locked(ws.paths.lock(f"hook-{key}"), timeout=HOOK_DEADLINE_S):
         state = load_state(ws, key)
@@ -299,8 +299,8 @@ def _register(ws, harness, key, conversation, event, env, problems, *, refresh: 
 
 
 def _session_active(ws, session_id) -> bool:
-    from .errors import SynapolisError
-    from .sessions import read_session
+    from ..errors import SynapolisError
+    from ..sessions import read_session
 
     if not session_id:
         return False
@@ -317,7 +317,7 @@ def _env_without_identity(env) -> dict:
 
 
 def _who(state):
-    from .identity import Who
+    from ..identity import Who
 
     return Who(agent_id=state["agent_id"], session_id=state.get("session_id"), run_token=state.get("run_token"))
 
@@ -360,7 +360,7 @@ def handle(harness: str, raw: bytes | str, *, state_dir=None, env=None) -> dict:
 
 
 def _act(harness, event, name, kind, state_dir, env, result) -> None:
-    from .errors import ForbiddenError
+    from ..errors import ForbiddenError
 
     problems = result["problems"]
     conversation = conversation_id(event)
@@ -393,7 +393,7 @@ def _act(harness, event, name, kind, state_dir, env, result) -> None:
 
 def _work(ws, harness, name, kind, state, preamble, env, result) -> None:
     """Beat with the event's status, or beat and deliver, as the agent `state` names (with its token)."""
-    from . import actions
+    from .. import actions
 
     if kind in ("idle", "end", "beat"):
         status = {"idle": "idle", "end": "stopped", "beat": None}[kind]
@@ -411,8 +411,8 @@ def _deliver(ws, harness, name, state, preamble, env):
     The drain takes signals oldest first while ContextBudget says the next one still fits, so exactly
     the signals shown are marked delivered; a text over budget after all rolls the whole call back.
     """
-    from . import actions
-    from . import signals as sig
+    from .. import signals as sig
+    from ..agent_call import as_agent
 
     agent_id = state["agent_id"]
     token = state.get("run_token") if ws.config.require_run_token else None
@@ -420,11 +420,11 @@ def _deliver(ws, harness, name, state, preamble, env):
                 + _command_hint("ack-signals ID,ID", agent_id, state.get("session_id"), token))
     read_hint = "Read them with: " + _command_hint("read-signals", agent_id, state.get("session_id"), None)
     budget = ContextBudget(harness, context_room(harness, name), preamble, ack_hint, read_hint)
-    with actions.as_agent(ws, _who(state), env=env, method="hook") as call:
-        call.heartbeat_fields = {"status": "active"}
+    with as_agent(ws, _who(state), env=env, method="hook") as call:
         with call.store.write() as conn:
             # `limit` only bounds what the store reads: no block is shorter than its 64-character header
-            taken = call.finish({}, conn, limit=max(budget.room // 64, 1), fits=budget.fits)["pending_signals"]
+            taken = call.finish({}, conn, beat={"status": "active"}, limit=max(budget.room // 64, 1),
+                                fits=budget.fits)["pending_signals"]
             waiting = [s for s in sig.unread(conn, agent_id, limit=500) if s.get("delivered_at") is None]
             text = render_context(preamble, taken, waiting, ack_hint, read_hint)
             if budget.cost(text) > budget.room:  # cannot happen: fits() reserved the largest summary

@@ -1,5 +1,7 @@
-"""What a harness's own user-level settings decide about project hooks: Codex's project and per-hook trust,
-Gemini CLI's hook switch and trusted folders. Read the way each harness reads them; written only on request.
+"""What a harness's own user-level settings decide about project hooks (Codex's trust, Gemini CLI's switch).
+
+Codex's project and per-hook trust, Gemini CLI's hook switch and trusted folders: read the way each
+harness reads them; written only on request.
 
 Codex (0.171; codex-rs/hooks/src/engine/discovery.rs and config_rules.rs, codex-rs/config fingerprint.rs):
 it loads `<dir>/.codex/` only for a trusted project (`[projects."<dir>"] trust_level = "trusted"` in
@@ -22,7 +24,7 @@ import json
 import os
 from pathlib import Path
 
-from .errors import UsageError
+from ..errors import UsageError
 
 # -- Codex ---------------------------------------------------------------------------------------------
 
@@ -199,7 +201,7 @@ def trust_codex_hooks(config_path: Path, hooks: list[dict]) -> list[str]:
     """
     import copy
 
-    from .atomic import atomic_write_bytes
+    from ..atomic import atomic_write_bytes
 
     before = load_toml(config_path) or {}
     try:

@@ -1,4 +1,4 @@
-"""Wiring harnesses up: merging synapolis's hook entries into each harness's project settings file and out again."""
+"""Wiring harnesses up: synapolis's hook entries merged into each harness's project settings file and out."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from .atomic import atomic_write_json
-from .errors import UsageError
+from ..atomic import atomic_write_json
+from ..errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -276,7 +276,7 @@ def install(harness: str, project_dir: Path | str = ".", *, trust: bool = False,
 
 
 def _gemini_notes(project: Path, document: dict, env) -> list[str]:
-    from . import harness_settings as hs
+    from . import settings as hs
 
     notes = []
     if legacy_gemini_switch(document):
@@ -297,7 +297,7 @@ def _gemini_notes(project: Path, document: dict, env) -> list[str]:
 
 def _codex_trust(project: Path, path: Path, document: dict, trust: bool, env) -> tuple[list[str], list[str]]:
     """(keys trusted now, notes): Codex runs a project hook only in a trusted project, once its hash is trusted."""
-    from . import harness_settings as hs
+    from . import settings as hs
 
     config_path = hs.codex_home(env) / "config.toml"
     config = hs.load_toml(config_path)

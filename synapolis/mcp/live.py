@@ -1,0 +1,181 @@
+"""What the long-lived MCP server keeps between the verbs it runs (`LongLived`): session stores held open,
+resolved callers, and its own recent heartbeat refreshes, so a pure refresh within a second is coalesced."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from datetime import datetime
+
+from .. import agent_call, identity
+from ..atomic import file_signature
+from ..errors import SynapolisError
+from ..identity import Who
+from ..sessions import registry_status, ts
+from ..store import store_for
+
+COALESCE_S = 1.0  # a pure refresh within this long of this process's last write of it is skipped
+
+
+def refresh_is_redundant(last: dict | None, fields: dict, row, signature, now: datetime, window_s: float) -> bool:
+    """Whether a refresh with `fields` at `now` may be skipped, given what this process last wrote (`last`:
+    at, doc, signature, registry) and what is there now (the registry `row`, the file's `signature`).
+
+    Only when it changes nothing: written less than the window ago (and not in the future), the same status,
+    task, ttl, harness and substrate, no note (a note belongs to one beat), the file still the one written
+    here, and the registry row still saying what was written there. The window is at most a quarter of the
+    agent's ttl (or stale_after_s), so a coalesced agent is never near stale.
+    """
+    if last is None:
+        return False
+    doc = last["doc"]
+    age = (now - last["at"]).total_seconds()
+    if not 0 <= age < window_s:
+        return False
+    if fields.get("note"):
+        return False
+    for key in ("status", "task", "ttl_s", "harness", "substrate"):
+        if key in fields and fields[key] != doc.get(key):
+            return False
+    if signature is None or signature != last["signature"]:
+        return False
+    expected = last["registry"]
+    if (row is None) != (expected is None):
+        return False
+    return row is None or (row["last_heartbeat"], row["status"]) == expected
+
+
+class LongLived:
+    """What one long-lived process (the MCP server) keeps between the verbs it runs, so that it does not
+    repeat per call what did not change: session stores held open, resolved callers, its own recent refreshes.
+
+    Turned on per verb with `agent_call.as_agent(..., live=...)` or `with agent_call.long_lived(live):`; only
+    `synapolis mcp` does. The CLI and hooks never do, so they resolve, open and refresh everything on every call. Thread-safe:
+    the SDK runs tools on worker threads; each verb gets a store of its own from the pool.
+    """
+
+    def __init__(self, window_s: float = COALESCE_S, max_sessions: int = 16, idle_per_session: int = 4):
+        import threading
+
+        agent_call.enable_long_lived()  # before any verb runs in this process (the server builds one at start)
+
+        self.window_s = window_s
+        self.max_sessions = max_sessions
+        self.idle_per_session = idle_per_session
+        self._lock = threading.Lock()
+        self._pools: dict = {}  # (root, session_id) -> [(store, db signature)] idle
+        self._callers: dict = {}  # everything a resolution read -> Caller
+        self._refreshes: dict = {}  # (root, agent_id, session_id) -> what this process last wrote
+        self._ensured: dict = {}  # root -> when ws.ensure() last ran
+
+    # -- identity ---------------------------------------------------------------------------------
+    def resolve(self, ws, who: Who | None, *, env=None, required: bool = True, need_session: bool = True, now=None):
+        """`identity.resolve`, remembered when nothing it read can change: an agent and a session named by
+        the call or the environment. identity.json (which may lend the run token) is part of the key by
+        its signature; a resolution that needs identity.json's agent or a session search is never kept."""
+        who = who or Who()
+        env = {} if who.named_only else os.environ if env is None else env
+        names = (who.agent_id, who.session_id, who.run_token, env.get(identity.ENV_AGENT) or None,
+                 env.get(identity.ENV_SESSION) or None, env.get(identity.ENV_TOKEN) or None)
+        if (names[0] or names[3]) is None or (names[1] or names[4]) is None:
+            return identity.resolve(ws, who, env=env, required=required, need_session=need_session, now=now)
+        key = (os.fspath(ws.paths.root), names, who.named_only, required, need_session,
+               file_signature(ws.paths.identity))
+        caller = self._callers.get(key)
+        if caller is None:
+            caller = identity.resolve(ws, who, env=env, required=required, need_session=need_session, now=now)
+            if caller is not None and caller.source in ("options", "env"):
+                if len(self._callers) >= 256:
+                    self._callers.clear()
+                self._callers[key] = caller
+        return caller
+
+    # -- stores -----------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def store(self, ws, session_id: str):
+        """A store for one verb: an idle one from the pool when its database is still the same file, else
+        a new one (NotFoundError for a missing session, as open_session). Back to the pool after."""
+        key = (os.fspath(ws.paths.root), session_id)
+        backend = store_for(ws)
+        now_sig = backend.session_signature(session_id)
+        store = None
+        with self._lock:
+            idle = self._pools.get(key) or []
+            while idle and store is None:
+                candidate, sig_ = idle.pop()
+                if sig_ == now_sig and candidate.busy_timeout_ms == int(ws.config.busy_timeout_ms):
+                    store = candidate
+                else:
+                    candidate.close()
+        if store is None:
+            store = backend.open_session(session_id)
+            now_sig = backend.session_signature(session_id) or (None, None)
+        try:
+            yield store
+        except SynapolisError:
+            # a verb's refusal: store.read()/write() ended their transactions, the connection is sound
+            self._give_back(key, store, now_sig)
+            raise
+        except BaseException:
+            store.close()  # anything else: the next verb gets a fresh connection
+            raise
+        self._give_back(key, store, now_sig)
+
+    def _give_back(self, key, store, signature) -> None:
+        with self._lock:
+            idle = self._pools.get(key)
+            if idle is None and len(self._pools) < self.max_sessions:
+                idle = self._pools[key] = []
+            if idle is not None and len(idle) < self.idle_per_session:
+                idle.append((store, signature))
+                return
+        store.close()
+
+    def hold(self, ws, session_id: str | None) -> None:
+        """Keep one connection to a session this process works in (see docs/MCP.md): when the last
+        connection to a WAL database closes, SQLite checkpoints and deletes the WAL, and the next opener,
+        the CLI's and hooks' included, rebuilds its index."""
+        if not session_id:
+            return
+        with self._lock:
+            if self._pools.get((os.fspath(ws.paths.root), session_id)):
+                return
+        try:
+            with self.store(ws, session_id):
+                pass
+        except SynapolisError:
+            pass
+
+    def close(self) -> None:
+        with self._lock:
+            pools, self._pools = list(self._pools.values()), {}
+        for idle in pools:
+            for store, _sig in idle:
+                store.close()
+
+    # -- the heartbeat refresh --------------------------------------------------------------------
+    def ensure(self, ws, now: datetime) -> None:
+        """`ws.ensure()`, at most once per window: the folders it creates do not come and go."""
+        root = os.fspath(ws.paths.root)
+        last = self._ensured.get(root)
+        if last is None or not 0 <= (now - last).total_seconds() < self.window_s:
+            ws.ensure()
+            self._ensured[root] = now
+
+    def recent_refresh(self, ws, agent_id: str, session_id: str | None, fields: dict, row, now: datetime):
+        """The heartbeat this process wrote for the agent, when a refresh with `fields` now would change
+        nothing (refresh_is_redundant); else None, and the caller writes."""
+        last = self._refreshes.get((os.fspath(ws.paths.root), agent_id, session_id))
+        if last is None:
+            return None
+        ttl = last["doc"].get("ttl_s") or ws.config.stale_after_s
+        window = min(self.window_s, float(ttl) / 4)
+        if not refresh_is_redundant(last, fields, row, file_signature(ws.paths.heartbeat(agent_id)), now, window):
+            return None
+        return dict(last["doc"])
+
+    def refreshed(self, ws, agent_id: str, session_id: str | None, doc: dict, now: datetime) -> None:
+        """Remember a refresh this process wrote: the document, the file, and what the registry now says."""
+        self._refreshes[(os.fspath(ws.paths.root), agent_id, session_id)] = {
+            "at": now, "doc": dict(doc), "signature": file_signature(ws.paths.heartbeat(agent_id)),
+            "registry": (ts(now), registry_status(doc["status"])) if session_id is not None else None}
