@@ -12,7 +12,9 @@ import os
 import sqlite3
 import threading
 
+from ..atomic import bump_counter, read_counter
 from ..errors import BusyError, InternalError, NotFoundError
+from ..paths import SESSION_CHANGES
 from . import base
 
 # 2: run tokens are kept as their SHA-256 (identity.hash_token), and the files are private (0600/0700)
@@ -178,6 +180,13 @@ def _skip_checkpoint_on_close(conn) -> None:
 WAL_TRIM_BYTES = 512 * 1024
 
 
+def changes_path(db_path: str) -> str:
+    """`sessions/<id>/changes` beside the session's database (StateFiles.session_changes): a counter of what a
+    quiet hook must not miss (a signal inserted, an agent registered or restarted), bumped before each such
+    commit. A hint only."""
+    return os.path.join(os.path.dirname(db_path), SESSION_CHANGES)
+
+
 def _is_busy(exc: BaseException) -> bool:
     text = str(exc).lower()
     return "locked" in text or "busy" in text
@@ -205,11 +214,12 @@ class SqliteTransaction(base.Transaction):
     """A transaction on one session.db; `execute`/`executemany` reach the connection itself (tests and
     tools that inspect the SQLite file; the protocol code uses only the interface)."""
 
-    __slots__ = ("conn", "session_id")
+    __slots__ = ("conn", "session_id", "changes")
 
-    def __init__(self, conn, session_id: str):
+    def __init__(self, conn, session_id: str, changes: str | None = None):
         self.conn = conn
         self.session_id = session_id
+        self.changes = changes  # the session's change counter (changes_path); None in a read transaction
 
     def execute(self, sql, args=()):
         return self.conn.execute(sql, args)
@@ -233,11 +243,15 @@ class SqliteTransaction(base.Transaction):
                           "joined_seq, read_upto, delivered_upto, started_at) "
                           "VALUES (?, ?, ?, 'active', ?, ?, ?, ?, 0, 0, ?)",
                           (agent_id, harness, substrate, stamp, run_token, stamp, self.max_sequence(), stamp))
+        if self.changes is not None:
+            self._count_change()  # a slot a quiet hook may hold (synapolis.harness.quiet)
 
     def restart_agent(self, agent_id, *, harness, substrate, stamp, run_token):
         self.conn.execute("UPDATE agents SET harness = ?, substrate = ?, status = 'active', last_heartbeat = ?, "
                           "run_token = ?, started_at = ? WHERE id = ?",
                           (harness, substrate, stamp, run_token, stamp, agent_id))
+        if self.changes is not None:
+            self._count_change()  # maybe taken over from a quiet hook (synapolis.harness.quiet)
 
     def refresh_agent(self, agent_id, stamp, status):
         self.conn.execute("UPDATE agents SET last_heartbeat = ?, status = ? WHERE id = ?", (stamp, status, agent_id))
@@ -286,7 +300,32 @@ class SqliteTransaction(base.Transaction):
                                                 signal["lamport"], signal["reply_to"]))
         if caller is not None:
             self.raise_lamport(caller, signal["lamport"])
+        if self.changes is not None:
+            self._count_change()
         return cursor.lastrowid
+
+    def _count_change(self) -> None:
+        """Bump the change counter before the commit, under the write lock: whoever reads the counter and then
+        takes the lock sees this change (or its rollback). A hook skips the store while it is unchanged
+        (synapolis.harness.quiet), so a counter that cannot be bumped must not stay readable either."""
+        try:
+            bump_counter(self.changes)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(self.changes)
+            if read_counter(self.changes) is not None:
+                raise InternalError(f"cannot update {self.changes}, nor remove it") from None
+
+    def change_mark(self):
+        if self.changes is None:
+            return None
+        mark = read_counter(self.changes)
+        if mark is None:  # never sent in, or lost: start it (under the write lock, like every bump)
+            try:
+                mark = bump_counter(self.changes)
+            except OSError:
+                return None
+        return mark
 
     def recent_signals(self, limit):
         return self.conn.execute(f"SELECT {_COLS} FROM signals s ORDER BY s.sequence DESC LIMIT ?",
@@ -546,7 +585,7 @@ class SessionStore(base.SessionStore):
             conn.execute("BEGIN IMMEDIATE")
             self._wrote = True
             try:
-                yield SqliteTransaction(conn, self.session_id)
+                yield SqliteTransaction(conn, self.session_id, changes_path(self.path))
             except BaseException:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
