@@ -81,9 +81,10 @@ def test_every_secret_is_private_whatever_the_umask(state_dir, umask):
     secret = secrets_in(state_dir, day["session_id"])
     folder = state_dir / "sessions" / day["session_id"]
     # 3.12+: the WAL and its index outlive the calls, so all three are checked here; 3.10/3.11: the last
-    # closer folded the WAL into the database and removed both (their modes while they live: the next test)
+    # closer normally folds the WAL into the database and removes both (not when it cannot get the database
+    # to itself: then they stay, and are checked); their modes while they live: the next test
     for name in ("session.db-wal", "session.db-shm"):
-        assert (folder / name).exists() == WAL_OUTLIVES_CLOSE, name
+        assert (folder / name).exists() or not WAL_OUTLIVES_CLOSE, name
     assert list((state_dir / "hooks").glob("*.json")), "the hook kept no state"
     for path, wanted in secret.items():
         assert mode(path) == wanted, f"{path.relative_to(state_dir.parent)} is {oct(mode(path))}"
@@ -122,8 +123,10 @@ def test_the_store_keeps_only_a_hash_of_each_run_token(state_dir):
     day = a_working_day(state_dir)
     folder = state_dir / "sessions" / day["session_id"]
     # the bytes first: closing the last connection (ours, below) folds the WAL into the database
-    assert (folder / "session.db-wal").exists() == WAL_OUTLIVES_CLOSE
-    for name in ("session.db", "session.db-wal")[:1 + WAL_OUTLIVES_CLOSE]:
+    assert (folder / "session.db-wal").exists() or not WAL_OUTLIVES_CLOSE
+    for name in ("session.db", "session.db-wal"):
+        if not (folder / name).exists():
+            continue  # the WAL, removed by the last closer on Python 3.10/3.11
         raw = (folder / name).read_bytes()
         for agent in ("alice", "bob"):
             assert day[agent].encode() not in raw, f"{agent}'s token is in {name}"
