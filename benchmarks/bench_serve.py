@@ -39,7 +39,6 @@ import httpx2  # noqa: E402
 from mcp import Client, StdioServerParameters  # noqa: E402
 from mcp.client.stdio import stdio_client  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
-from mcp.shared._httpx_utils import create_mcp_http_client  # noqa: E402
 
 BLOCK = 20
 VERBS = {"ping (protocol only)": None, "read_signals": {}, "list_agents": {}, "write_whiteboard": {"key": "k",
@@ -88,7 +87,7 @@ async def round_trips(cmd, state: Path, env: dict, url: str, token: str, agent: 
     params = StdioServerParameters(command=cmd[0], args=[*cmd[1:], "--state-dir", str(state), "mcp"],
                                    env={**env, "SYNAPOLIS_AGENT_ID": me["agent_id"],
                                         "SYNAPOLIS_SESSION_ID": me["session_id"], "SYNAPOLIS_RUN_TOKEN": me["run_token"]})
-    http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=httpx2.Timeout(30, read=300))
     results = {verb: {"http": [], "stdio": []} for verb in VERBS}
     results["GET /healthz (bare route)"] = {"http": []}
     async with Client(stdio_client(params, errlog=sys.stderr), mode="legacy") as over_stdio, \

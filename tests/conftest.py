@@ -359,12 +359,14 @@ def served(state_dir, cli):
 
 def mcp_http_client(url: str, token: str | None, mode: str = "legacy", **client_options):
     """The MCP SDK's client over streamable HTTP to `url`/mcp, with `token` as its bearer header."""
+    import httpx2
     from mcp import Client
     from mcp.client.streamable_http import streamable_http_client
-    from mcp.shared._httpx_utils import create_mcp_http_client
 
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    transport = streamable_http_client(url + "/mcp", http_client=create_mcp_http_client(headers=headers))
+    # the SDK's own transport timeouts: 30 s, and 300 s to read (a response stream may stay open)
+    http = httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=300))
+    transport = streamable_http_client(url + "/mcp", http_client=http)
     return Client(transport, mode=mode, **client_options)
 
 

@@ -13,6 +13,7 @@ import json
 
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
+from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
@@ -21,11 +22,16 @@ from .state import PRINCIPAL_KEY, Principal
 LOOPBACK_HOSTS = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
 
 
+def _header(raw_headers, name: str) -> str | None:
+    """One header of ASGI raw headers (a list of byte pairs), by its lower-case name."""
+    raw = next((v for k, v in raw_headers if k.lower() == name.encode()), None)
+    return raw.decode("latin-1") if raw is not None else None
+
+
 def bearer(headers) -> str | None:
     """The token of an `Authorization: Bearer <token>` header (ASGI raw headers or a mapping), else None."""
     if isinstance(headers, list):
-        raw = next((v for k, v in headers if k.lower() == b"authorization"), None)
-        value = raw.decode("latin-1") if raw is not None else None
+        value = _header(headers, "authorization")
     else:
         value = headers.get("authorization")
     if not value:
@@ -47,11 +53,13 @@ async def unauthorized(send, message: str = "a valid bearer token is required (s
 
 
 class BearerGate:
-    """ASGI: admit a request to `app` only with a valid bearer token, as that token's Principal."""
+    """ASGI: admit a request to `app` only with a valid bearer token, as that token's Principal. `on_end`
+    hears the key (`state.client_key`) of each MCP session a client ends (its DELETE)."""
 
-    def __init__(self, app, book):
+    def __init__(self, app, book, on_end=None):
         self.app = app
         self.book = book  # tokens.TokenBook
+        self.on_end = on_end
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -63,7 +71,19 @@ class BearerGate:
         # the SDK's session ownership compares this: one token's MCP session is not another's
         scope["user"] = AuthenticatedUser(AccessToken(token="-", client_id=f"synapolis-token:{record['name']}",
                                                       scopes=[]))
-        await self.app(scope, receive, send)
+        if self.on_end is None or scope.get("method") != "DELETE":
+            return await self.app(scope, receive, send)
+        status = []
+
+        async def send_seeing_status(message):
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+            await send(message)
+
+        await self.app(scope, receive, send_seeing_status)
+        session_id = _header(scope.get("headers") or [], MCP_SESSION_ID_HEADER)
+        if session_id and status and status[0] < 400:  # the SDK ended it (a stranger's DELETE is a 404)
+            self.on_end(("http", session_id))
 
 
 def session_manager(server, *, loopback: bool) -> StreamableHTTPSessionManager:
@@ -78,4 +98,4 @@ def session_manager(server, *, loopback: bool) -> StreamableHTTPSessionManager:
     ) if loopback else TransportSecuritySettings(enable_dns_rebinding_protection=False)
     # JSON answers rather than an SSE stream per request: a tool call over HTTP is ~1.5 ms faster here, and
     # pushes travel on the standing GET stream (handshake era) or the listen stream (2026-07-28) either way
-    return StreamableHTTPSessionManager(app=server._lowlevel_server, security_settings=security, json_response=True)
+    return StreamableHTTPSessionManager(app=server.lowlevel, security_settings=security, json_response=True)

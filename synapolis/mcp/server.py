@@ -64,6 +64,7 @@ class SynapolisMCP(MCPServer):
 
     _tools_cache: list | None = None
     fast_stdio = True
+    lowlevel = None  # the SDK's low-level Server inside this one (`lowlevel_of`)
 
     async def call_tool(self, name, arguments, context=None):
         try:
@@ -88,7 +89,31 @@ class SynapolisMCP(MCPServer):
 
     async def run_stdio_async(self) -> None:
         """stdio on the event loop's own pipe I/O where it can (see `stdio`), else the SDK's."""
-        await stdio.serve(self._lowlevel_server, fast=self.fast_stdio)
+        await stdio.serve(self.lowlevel, fast=self.fast_stdio)
+
+
+def lowlevel_of(server: MCPServer):
+    """The SDK's low-level `Server` inside `server`, which serves `add_request_handler` and `run` on any
+    streams. MCPServer keeps it private (a public accessor is planned, says the SDK's migration guide); its
+    one public road today is the streamable HTTP session manager, documented for mounting the server in
+    another app, which holds it as `app`. `streamable_http_app()` only builds that manager (nothing runs
+    until its `run()`); the HTTP transport builds its own (`http.session_manager`).
+    """
+    server.streamable_http_app()
+    return server.session_manager.app
+
+
+async def _no_prompts(ctx, call_next):
+    """Advertise no `prompts` capability: there are none, and a client that sees it asks for the empty list
+    on every connect. The SDK registers the prompt handlers itself and has no public way to drop them; this
+    middleware (the SDK's public seam around every message) edits the capabilities of the answer to the
+    handshake (`initialize`) and to `server/discover` (2026-07-28)."""
+    result = await call_next(ctx)
+    if ctx.method in ("initialize", "server/discover") and isinstance(result, dict):
+        capabilities = result.get("capabilities")
+        if isinstance(capabilities, dict):
+            capabilities.pop("prompts", None)
+    return result
 
 
 def create_server(state_dir, env=None, *, force_polling: bool = False, fast: bool = True) -> SynapolisMCP:
@@ -119,11 +144,10 @@ def create_server(state_dir, env=None, *, force_polling: bool = False, fast: boo
                           subscriptions=state.bus, lifespan=lifespan, log_level="WARNING")
     server.state = state
     server.fast_stdio = fast
+    server.lowlevel = lowlevel_of(server)
+    server.middleware.append(_no_prompts)
     tools.register_tools(server, state)
     tools.register_resources(server, state)
     tools.register_subscriptions(server, state)
-    # no prompts: advertising the capability makes clients ask for a list that is always empty
-    for method in ("prompts/list", "prompts/get"):
-        server._lowlevel_server._request_handlers.pop(method, None)
     return server
 

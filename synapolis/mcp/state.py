@@ -7,12 +7,14 @@ import logging
 import os
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
 import anyio.from_thread
+from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp.server.subscriptions import InMemorySubscriptionBus, ResourceUpdated
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
@@ -64,7 +66,8 @@ class Principal:
 
 LOCAL = Principal(None, remote=False)
 PRINCIPAL_KEY = "synapolis.principal"  # where the HTTP app's authentication leaves it, in the ASGI scope
-_MEMORY_ATTR = "_synapolis_identity"  # a remembered identity, on its holder (a connection, or the server)
+LOCAL_CLIENT = ("local",)
+MAX_REMEMBERED = 10_000  # HTTP sessions whose identity one server remembers (the SDK's own session limit)
 
 
 def principal_of(ctx) -> Principal:
@@ -85,7 +88,7 @@ class ServerState:
     def __init__(self, state_dir, env=None, *, force_polling: bool = False, fast: bool = True):
         self.root = Path(state_dir).absolute()
         self.env = dict(os.environ if env is None else env)
-        self._synapolis_identity: Remembered | None = None  # a local client's, in the 2026-07-28 era
+        self.remembered: OrderedDict[Any, Remembered] = OrderedDict()  # client_key -> identity, newest last
         self.bus = InMemorySubscriptionBus()
         self.subscriptions = watch.Subscriptions()
         self.connections: dict[Any, Any] = {}  # legacy subscriber key -> ServerSession to notify
@@ -117,35 +120,43 @@ class ServerState:
             self._ws = (signature, ws) if settled else None
         return ws.ensure() if create else ws
 
-    # -- identity: per MCP session, never per server process ----------------------------------------
-    def _connection(self, ctx):
-        try:
-            return ctx.request_context.session._connection
-        except AttributeError:
-            return None
-
-    def _memory_holder(self, ctx, principal: Principal):
-        """Where this client's remembered identity lives: on its connection in the handshake era (one per
-        client for its whole life: a stdio pipe, an HTTP session); on this server in the 2026-07-28 era,
-        which has a connection per request, for a local client (stdio: one client per process); nowhere for
-        a remote one (HTTP in that era has no sessions: each call names its agent, or the token pins it)."""
-        conn = self._connection(ctx)
-        modern = getattr(ctx.request_context, "protocol_version", None) in MODERN_PROTOCOL_VERSIONS
-        if conn is not None and not modern:
-            return conn
-        return None if principal.remote else self
+    # -- identity: per MCP session, never per server process ------------------------------------------
+    def _memory_key(self, ctx, principal: Principal):
+        """Under which key this client's remembered identity lives: its HTTP session in the handshake era (a
+        session is one client for its whole life); the server's one local client over stdio (one connection
+        per process), in either era; nothing for a remote client in the 2026-07-28 era, which has no
+        sessions: each call names its agent, or the token pins it."""
+        key = client_key(ctx)
+        if not principal.remote:
+            return key
+        modern = ctx.request_context.protocol_version in MODERN_PROTOCOL_VERSIONS
+        return None if modern or key == LOCAL_CLIENT else key
 
     def recall(self, ctx, principal: Principal) -> Remembered | None:
         """What start_session remembered for this client (made with this same token)."""
-        mem = getattr(self._memory_holder(ctx, principal), _MEMORY_ATTR, None)
-        return mem if mem is not None and mem.principal == principal.name else None
+        key = self._memory_key(ctx, principal)
+        mem = self.remembered.get(key) if key is not None else None
+        if mem is None or mem.principal != principal.name:
+            return None
+        self.remembered.move_to_end(key)
+        return mem
 
     def remember(self, ctx, result: dict) -> None:
         principal = principal_of(ctx)
-        holder = self._memory_holder(ctx, principal)
-        if holder is not None:
-            setattr(holder, _MEMORY_ATTR,
-                    Remembered(result["agent_id"], result["session_id"], result.get("run_token"), principal.name))
+        key = self._memory_key(ctx, principal)
+        if key is None:
+            return
+        self.remembered[key] = Remembered(result["agent_id"], result["session_id"], result.get("run_token"),
+                                          principal.name)
+        self.remembered.move_to_end(key)
+        while len(self.remembered) > MAX_REMEMBERED:  # sessions that ended without a DELETE (idle, gone)
+            self.remembered.popitem(last=False)
+
+    def forget(self, key) -> None:
+        """A client ended (an HTTP session's DELETE): its identity and subscriptions go with it."""
+        self.remembered.pop(key, None)
+        self.subscriptions.drop_holder(key)
+        self.connections.pop(key, None)
 
     def who(self, ctx, agent_id=None, session_id=None, run_token=None, *, writes: bool = True):
         """Who a tool call acts as. A pinned token fixes the agent (naming another is refused); explicit
@@ -274,7 +285,14 @@ class ServerState:
             self.connections.clear()
 
 
-def connection_key(session) -> Any:
-    # one ServerSession proxy is built per request; the connection behind it is what identifies a client
-    return ("conn", id(getattr(session, "_connection", session)))
+def client_key(ctx) -> tuple:
+    """Which client a request (a tool's Context, or a low-level handler's request context) comes from, told
+    apart as the SDK's migration guide says (the per-connection object is not reachable from a request): a
+    stateful HTTP session by its `mcp-session-id` (the SDK refuses that id to any token but the one that
+    opened the session); anything else is the server's one local client, since stdio serves one connection
+    per process. An in-process server object shared by several in-memory clients sees them as one."""
+    request_context = getattr(ctx, "request_context", ctx)
+    headers = getattr(request_context.request, "headers", None)
+    session_id = headers.get(MCP_SESSION_ID_HEADER) if headers is not None else None
+    return ("http", session_id) if session_id else LOCAL_CLIENT
 

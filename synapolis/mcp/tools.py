@@ -20,7 +20,7 @@ from .. import actions, agent_call
 from ..errors import SynapolisError
 from . import watch
 from .errors import error_line, resource_error
-from .state import ServerState, connection_key, principal_of
+from .state import ServerState, client_key, principal_of
 
 SIGNAL_TYPES = Literal["inform", "query", "delegate", "ack", "warn", "sleep_event", "sleep_request"]
 STATUSES = Literal["active", "idle", "sleeping", "stopped"]
@@ -301,7 +301,7 @@ def register_subscriptions(server, state: ServerState) -> None:
 
     async def on_subscribe(ctx, params: types.SubscribeRequestParams) -> types.EmptyResult:
         uri = str(params.uri)
-        key = connection_key(ctx.session)
+        key = client_key(ctx)
         try:
             await state.subscribe(uri, key)
         except SynapolisError as exc:
@@ -310,7 +310,7 @@ def register_subscriptions(server, state: ServerState) -> None:
         return types.EmptyResult()
 
     async def on_unsubscribe(ctx, params: types.UnsubscribeRequestParams) -> types.EmptyResult:
-        state.subscriptions.remove(str(params.uri), connection_key(ctx.session))
+        state.subscriptions.remove(str(params.uri), client_key(ctx))
         return types.EmptyResult()
 
     async def track_listen(ctx, call_next):
@@ -338,7 +338,7 @@ def register_subscriptions(server, state: ServerState) -> None:
 
     # MCPServer serves subscriptions/listen but not the older resources/subscribe; the SDK's advice for a
     # method the 2026 revision removed is the low-level server's add_request_handler
-    lowlevel = server._lowlevel_server
+    lowlevel = server.lowlevel
     lowlevel.add_request_handler("resources/subscribe", types.SubscribeRequestParams, on_subscribe)
     lowlevel.add_request_handler("resources/unsubscribe", types.UnsubscribeRequestParams, on_unsubscribe)
     server.middleware.append(track_listen)

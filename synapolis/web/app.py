@@ -184,7 +184,7 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
         Route("/login", login, methods=["POST"]),
         Route("/logout", logout, methods=["POST"]),
         Route("/", page),
-        Route("/mcp", BearerGate(StreamableHTTPASGIApp(manager), book)),
+        Route("/mcp", BearerGate(StreamableHTTPASGIApp(manager), book, on_end=state.forget)),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.synapolis = state
