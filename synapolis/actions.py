@@ -370,7 +370,7 @@ def list_agents(ws, who: Who | None = None, *, session_id: str | None = None, en
                 now: datetime | None = None) -> dict:
     """The session's agents (every active session's when none is named or resolved) with registry
     status and their heartbeat's effective status."""
-    from .status import status_of_agent_anywhere
+    from .status import heartbeat_anywhere
 
     now = clock(ws, now)
     with as_agent(ws, in_session(who, session_id), env=env, piggyback=piggyback, mutation=False, required=False,
@@ -379,9 +379,11 @@ def list_agents(ws, who: Who | None = None, *, session_id: str | None = None, en
         copies: dict = {}  # a shared store's heartbeat copies, read once at the first agent with no file here
         for sid, conn in _stores(ws, call, _read_scope(ws, call, session_id, several_ok=True)):
             for r in conn.agents():
+                effective, beat = heartbeat_anywhere(ws, r["id"], now, copies)
+                host = beat.get("host") if isinstance(beat, dict) else None
                 agents.append({"id": r["id"], "session_id": sid, "harness": r["harness"],
                                "substrate": r["substrate"] or None, "status": r["status"],
-                               "effective_status": status_of_agent_anywhere(ws, r["id"], now, copies),
+                               "effective_status": effective, "host": host if isinstance(host, str) else None,
                                "last_heartbeat": r["last_heartbeat"], "joined_at": r["joined_at"],
                                "live": is_live(r, now, ws.config)})
         return _finish_read(call, {"agents": agents})

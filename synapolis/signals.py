@@ -163,15 +163,29 @@ def audience_rows(tx, recipient: str, sender: str, caller: str | None = None) ->
         rows = tx.agents()
         mine = next((r for r in rows if r["id"] == caller), None) if caller is not None else None
         return [r for r in rows if r["id"] != sender and not is_subagent_of(sender, r["id"])], mine
-    parts = recipient.split(".")
-    candidates = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+    candidates = recipient_chain(recipient)
     found = tx.agents(candidates + ([caller] if caller is not None and caller not in candidates else []))
     mine = next((r for r in found if r["id"] == caller), None) if caller is not None else None
     rows = [r for r in found if r["id"] in candidates]
     if not rows:
-        raise NotFoundError(f"unknown recipient {recipient!r}: no agent {candidates[0]!r} is registered in this "
-                            "session (use '*' to broadcast)")
+        raise _unknown_recipient(recipient)
     return rows, mine
+
+
+def recipient_chain(recipient: str) -> list[str]:
+    """The registered ids a directed signal may reach: the recipient and each agent it is a sub-agent of
+    ("a.b.c": a, a.b, a.b.c)."""
+    parts = recipient.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+def _unknown_recipient(recipient: str) -> NotFoundError:
+    return NotFoundError(f"unknown recipient {recipient!r}: no agent {recipient_chain(recipient)[0]!r} is "
+                         "registered in this session (use '*' to broadcast)")
+
+
+def _unknown_caller(caller: str) -> NotFoundError:
+    return NotFoundError(f"agent {caller!r} is not registered in this session")
 
 
 def audience(rows, now: datetime, config) -> dict:
@@ -191,10 +205,14 @@ def take_token(tx, agent_id: str, now: datetime, config) -> None:
     row = tx.rate_bucket(agent_id)
     tokens = rate if row is None else min(rate, row["tokens"] + max(0.0, moment - row["updated_at"]) * per_s)
     if tokens < 1.0:
-        wait = (1.0 - tokens) / per_s
-        raise RateLimitedError(f"{agent_id} has sent {int(rate)} signals in the last minute "
-                               f"(rate_limit_per_min): retry in {wait:.1f} s", retry_after_s=wait)
+        raise _rate_limited(agent_id, tokens, rate)
     tx.set_rate_bucket(agent_id, tokens - 1.0, moment)
+
+
+def _rate_limited(agent_id: str, tokens: float, rate: float) -> RateLimitedError:
+    wait = (1.0 - tokens) / (rate / 60.0)
+    return RateLimitedError(f"{agent_id} has sent {int(rate)} signals in the last minute "
+                            f"(rate_limit_per_min): retry in {wait:.1f} s", retry_after_s=wait)
 
 
 def check_content(content, config) -> str:
@@ -241,9 +259,14 @@ def send(tx, *, caller: str | None, recipient: str, content: str, now: datetime,
     validate_agent_id(sender, "sender id")
     if caller is not None and sender != caller and not is_subagent_of(sender, caller):
         raise ForbiddenError(f"sender {sender!r} is neither the caller {caller!r} nor one of its sub-agents")
+    if not reply_to:
+        sent = _send_in_one_call(tx, caller=caller, sender=sender, recipient=recipient, type_=type_, content=content,
+                                 now=now, config=config, rate_limited=rate_limited)
+        if sent is not None:
+            return sent
     rows, mine = audience_rows(tx, recipient, sender, caller)
     if caller is not None and mine is None:
-        raise NotFoundError(f"agent {caller!r} is not registered in this session")
+        raise _unknown_caller(caller)
     if rate_limited and caller is not None:
         take_token(tx, caller, now, config)
     if caller is not None:
@@ -267,6 +290,35 @@ def send(tx, *, caller: str | None, recipient: str, content: str, now: datetime,
             break
         moment = moment + timedelta(microseconds=1)  # the same message twice in one microsecond: a new id
     return signal, audience(rows, now, config)
+
+
+def _send_in_one_call(tx, *, caller, sender, recipient, type_, content, now, config, rate_limited):
+    """`send` through the store's fused operation (`Transaction.send_signal`: the same checks, token bucket,
+    Lamport value and insert in one round trip), or None when the store has none."""
+    candidates = None if recipient == BROADCAST else recipient_chain(recipient)
+    rate = float(config.rate_limit_per_min) if rate_limited and caller is not None else None
+    moment = now
+    while True:
+        stamp = ts(moment)
+        signal = {"id": signal_id(sender, recipient, type_, content, stamp), "sequence": None, "timestamp": stamp,
+                  "sender": sender, "recipient": recipient, "type": type_, "content": content, "lamport": None,
+                  "reply_to": None}
+        outcome = tx.send_signal(signal, caller=caller, candidates=candidates, rate=rate, moment=now.timestamp())
+        if outcome is None:
+            return None
+        refused = outcome.get("refused")
+        if refused == "recipient":
+            raise _unknown_recipient(recipient)
+        if refused == "caller":
+            raise _unknown_caller(caller)
+        if refused == "rate":
+            raise _rate_limited(caller, float(outcome["tokens"]), rate)
+        signal["lamport"] = int(outcome["lamport"])
+        if outcome.get("sequence") is not None:
+            signal["sequence"] = int(outcome["sequence"])
+            return signal, audience(outcome["rows"], now, config)
+        rate = None  # that id is stored already: a new one, with the token this transaction spent
+        moment = moment + timedelta(microseconds=1)
 
 
 # -- delivery and acks -----------------------------------------------------------------------------

@@ -162,33 +162,44 @@ def status_of_agent(paths, agent_id: str, now: datetime, config, previous: dict 
     ahead is judged, as by the monitor, from the monitor's first sighting of its seq and the file's
     modification time, so its holder goes stale when it stops writing.
     """
+    return _file_status(paths, agent_id, now, config, previous)[0]
+
+
+def _file_status(paths, agent_id: str, now: datetime, config, previous: dict | None = None) -> tuple[str, dict | None]:
+    """(status_of_agent, the heartbeat document when it is valid)."""
     from .heartbeat import read_heartbeat
 
     path = paths.files.heartbeat(agent_id)
     if not os.path.exists(path):
-        return "missing"
+        return "missing", None
     read = read_heartbeat(path)
     if not read.valid:
-        return "invalid"
+        return "invalid", None
     thresholds = config.thresholds
     if previous is None and is_skewed(parse_ts(read.doc["beat_at"]), now, thresholds["clock_skew_s"]):
         previous = monitor_entry(paths, agent_id)  # only then: most calls never read the monitor
     return effective_status(read.doc, now, previous=previous, written_at=lambda: file_written_at(path),
-                            **thresholds).effective_status
+                            **thresholds).effective_status, read.doc
 
 
 def status_of_agent_anywhere(ws, agent_id: str, now: datetime, copies: dict | None = None) -> str:
     """`status_of_agent` from the local file; with a shared store, an agent with no file here (one on
     another machine) is judged by its heartbeat copy in the store (contract §12). `copies`: a dict to
     fill with every copy at the first need and reuse (a caller asking about many agents)."""
-    found = status_of_agent(ws.paths, agent_id, now, ws.config)
+    return heartbeat_anywhere(ws, agent_id, now, copies)[0]
+
+
+def heartbeat_anywhere(ws, agent_id: str, now: datetime, copies: dict | None = None) -> tuple[str, dict | None]:
+    """(status_of_agent_anywhere, the heartbeat document it was judged by, or None): the document's
+    `host` tells agents on several machines apart (§12)."""
+    found, doc = _file_status(ws.paths, agent_id, now, ws.config)
     if found != "missing":
-        return found
+        return found, doc
     from .store import store_for
 
     store = store_for(ws)
     if store.kind == "sqlite":
-        return found
+        return found, None
     if copies is None:
         copy = store.heartbeat_copy(agent_id)
     else:
@@ -196,7 +207,9 @@ def status_of_agent_anywhere(ws, agent_id: str, now: datetime, copies: dict | No
             copies.update((c.get("agent_id"), c) for c in store.heartbeat_copies())
             copies.setdefault(None, None)  # filled: an empty store is not asked again
         copy = copies.get(agent_id)
-    return status_of_doc(copy, now, ws.config) if copy is not None else found
+    if copy is None:
+        return found, None
+    return status_of_doc(copy, now, ws.config), copy
 
 
 # -- the registry (each session's agents table) ---------------------------------------------------------

@@ -44,7 +44,8 @@ def configure(ws, **values):
 
 # Modules whose tests (those using `ws`) run against SQLite and PostgreSQL; a test that reads the SQLite
 # file itself is marked `sqlite_only`.
-BOTH_STORES = {"test_signals", "test_delivery", "test_sleep", "test_sessions", "test_board", "test_signals_processes", "test_store"}
+BOTH_STORES = {"test_signals", "test_delivery", "test_sleep", "test_sessions", "test_board", "test_signals_processes", "test_store",
+               "test_claims"}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PG_SCRIPT = os.path.join(ROOT, "scripts", "synapolis-test-postgres")
 
@@ -250,6 +251,18 @@ def store_rows(ws, session_id, sql, args=()) -> list[dict]:
         return [dict(r) for r in conn.execute(sql, args).fetchall()]
     finally:
         conn.close()
+
+
+def claim_events(ws) -> list[dict]:
+    """Every claim event the store holds, oldest first, read around the library: `claims.jsonl` on SQLite,
+    table `claim_events` on PostgreSQL."""
+    url = ws.config.values.get("store") or "sqlite"
+    if url.startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(url) as conn:
+            return [json.loads(row[0]) for row in conn.execute("SELECT event FROM claim_events ORDER BY seq")]
+    return [json.loads(line) for line in ws.paths.claims_log.read_text().splitlines() if line.strip()]
 
 
 @pytest.fixture

@@ -191,6 +191,25 @@ def test_sessions_of_agent_most_recent_first(start_agent, ws):
 
 # -- the CLI ---------------------------------------------------------------------------------------
 
+def test_list_agents_names_the_host_of_each_agent(ws, cli):
+    """§12: list-agents tells agents apart by the host their heartbeat names (the local file, or on a shared
+    store the copy of an agent on another machine); an agent whose heartbeat is gone has none."""
+    for agent in ("alice", "bob"):
+        assert cli("start", "--agent-id", agent, "--session-id", "s1").returncode == 0
+    ws.paths.heartbeat("bob").unlink()
+    if ws.config.store != "sqlite":
+        import psycopg
+
+        with psycopg.connect(ws.config.store, autocommit=True) as conn:
+            conn.execute("DELETE FROM heartbeats WHERE agent_id = 'bob'")
+    out = cli("list-agents", "--agent-id", "alice", "--session-id", "s1", "--json")
+    assert out.returncode == 0, out.stderr
+    agents = {a["id"]: a for a in json.loads(out.stdout)["agents"]}
+    assert agents["alice"]["host"] == os.uname().nodename and agents["bob"]["host"] is None
+    text = cli("list-agents", "--agent-id", "alice", "--session-id", "s1").stdout
+    assert "HOST" in text.splitlines()[0] and os.uname().nodename in text
+
+
 def test_cli_start_export_and_json(cli, state_dir):
     out = cli("start", "--agent-id", "alice", "--export")
     assert out.returncode == 0, out.stderr

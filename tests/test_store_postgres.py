@@ -498,17 +498,23 @@ def test_every_machine_sees_every_agents_heartbeat(machines):
     assert runner.paths.heartbeat("bob").exists() and not laptop.paths.heartbeat("bob").exists()
     listed = {a["id"]: a for a in actions.list_agents(laptop, Who("alice", sid), env={})["agents"]}
     assert listed["bob"]["effective_status"] == "active"
+    import psycopg
+
+    with psycopg.connect(laptop.config.store, autocommit=True) as conn:  # the runner is another box
+        conn.execute("UPDATE heartbeats SET doc = jsonb_set(doc::jsonb, '{host}', '\"runner-box\"')::text "
+                     "WHERE agent_id = 'bob'")
+    listed = {a["id"]: a for a in actions.list_agents(laptop, Who("alice", sid), env={})["agents"]}
+    assert listed["bob"]["host"] == "runner-box" and listed["alice"]["host"] == os.uname().nodename
     out = run_cli(laptop, "monitor", "--json")
     assert out.returncode == 0, out.stderr
     monitor = json.loads(laptop.paths.monitor.read_text())
     agents = {a["agent_id"]: a for a in monitor["agents"]}
     assert set(agents) == {"alice", "bob"}
     assert agents["bob"]["effective_status"] == "active" and agents["bob"].get("task") == "remote work"
-    import psycopg
 
     with psycopg.connect(laptop.config.store) as conn:
         host, doc = conn.execute("SELECT host, doc FROM heartbeats WHERE agent_id = 'bob'").fetchone()
-    assert json.loads(doc)["task"] == "remote work" and host == json.loads(doc)["host"]
+    assert json.loads(doc)["task"] == "remote work" and host == os.uname().nodename
 
 
 RACER = r"""

@@ -76,10 +76,10 @@ def list_agents_cmd(ws, who, piggyback, as_json):
     def text(d):
         if not d["agents"]:
             return with_pending("no agents", d)
-        rows = [[a["id"], a["session_id"], a["harness"], a["substrate"] or "-", a["status"], a["effective_status"],
-                 ago(a["last_heartbeat"]), ago(a["joined_at"])] for a in d["agents"]]
-        return with_pending(table(rows, ["AGENT", "SESSION", "HARNESS", "SUBSTRATE", "REGISTRY", "EFFECTIVE",
-                                         "LAST BEAT", "JOINED"]), d)
+        rows = [[a["id"], a["session_id"], a["harness"], a["substrate"] or "-", a.get("host") or "-", a["status"],
+                 a["effective_status"], ago(a["last_heartbeat"]), ago(a["joined_at"])] for a in d["agents"]]
+        return with_pending(table(rows, ["AGENT", "SESSION", "HARNESS", "SUBSTRATE", "HOST", "REGISTRY",
+                                         "EFFECTIVE", "LAST BEAT", "JOINED"]), d)
 
     emit(as_json, data, text)
 

@@ -98,6 +98,18 @@ class Transaction(abc.ABC):
         (nothing stored) when a signal with that id exists already. The registered `caller` who sent
         it has its Lamport clock raised to the signal's value (one round trip on a server)."""
 
+    def send_signal(self, signal: dict, *, caller: str | None, candidates: list | None, rate: float | None,
+                    moment: float) -> dict | None:
+        """Optional, for a store where round trips cost: `signals.send` in one call. Check the audience
+        (`candidates`: the registered ids a directed signal may reach, None for a broadcast), check the
+        registered `caller`, spend one token of its bucket (`rate` per minute at `moment`, epoch seconds;
+        None: no limit), give `signal` the Lamport value above the caller's clock (or every stored signal's
+        for the system sender) and store it as `insert_signal` does. Returns {"refused": "recipient" |
+        "caller" | "rate", "tokens"} with nothing stored, or {"sequence" (None when that id is stored
+        already), "lamport", "rows": the audience's registry rows}. None: not offered, and signals.send
+        composes it from the operations above (the SQLite store, where a call costs no round trip)."""
+        return None
+
     @abc.abstractmethod
     def recent_signals(self, limit: int) -> list:
         """The newest `limit` signals of the session, newest first, whoever they are for (the dashboard)."""
