@@ -4,9 +4,13 @@ against a bare starlette route of the same server, and the dashboard's update la
 
 Targets (issue 14): an MCP tool call over HTTP at most 2x its round trip over stdio; a CLI signal to the
 page's server-sent event p50 under 500 ms. Baselines measured in the same run: the same calls to
-`synapolis mcp` over stdio (alternating in blocks with the HTTP calls, so both see the same machine load),
+`synapolis mcp` over stdio (alternating in blocks with the HTTP calls, so all see the same machine load),
 and GET /healthz on the same server (a bare starlette route: HTTP, uvicorn and starlette with no MCP and no
-verb, the transport's floor). Writes its section of benchmarks/RESULTS.md.
+verb, the transport's floor). Two clients: the Python SDK's, and the TypeScript SDK 1.x's that Claude Code
+and Gemini CLI connect with (tests/clients/rtt.mjs; needs node and `npm ci` in tests/clients). Two servers
+side by side: `serve` as installed (httptools and uvloop when present) and with SYNAPOLIS_SERVE_PLAIN=1 (h11
+and asyncio); for each, the server process's CPU time per call (Linux), which other work on the machine
+moves less than wall time. Writes its section of benchmarks/RESULTS.md.
 
     python benchmarks/bench_serve.py [--calls 200] [--signals 40] [--no-write]
 """
@@ -31,14 +35,19 @@ from pathlib import Path
 from _common import bench_env, machine, publish, synapolis_cmd
 
 SECTION = "bench_serve"
+CLIENTS = Path(__file__).resolve().parents[1] / "tests" / "clients"
 # ping is measured in the handshake era on purpose (the protocol alone); the SDK warns 2026-07-28 removed it
 warnings.filterwarnings("ignore", message="ping is removed")
+
+from contextlib import AsyncExitStack  # noqa: E402
 
 import anyio  # noqa: E402
 import httpx2  # noqa: E402
 from mcp import Client, StdioServerParameters  # noqa: E402
 from mcp.client.stdio import stdio_client  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
+
+from synapolis.web.serve import PLAIN_ENV  # noqa: E402
 
 BLOCK = 20
 VERBS = {"ping (protocol only)": None, "read_signals": {}, "list_agents": {}, "write_whiteboard": {"key": "k",
@@ -55,18 +64,27 @@ def ms(seconds: float) -> str:
 
 
 class Serve:
-    """A `synapolis serve --port 0` process; its URL once it listens."""
+    """A `synapolis serve --port 0` process; its URL once it listens, and what it runs on."""
 
     def __init__(self, cmd, state: Path, env: dict):
         self.proc = subprocess.Popen([*cmd, "--state-dir", str(state), "serve", "--port", "0"], env=env,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         for line in self.proc.stderr:
-            found = re.search(r"listening on (\S+)", line)
+            found = re.search(r"listening on (\S+) .*; ([^)]+)\)", line)
             if found:
-                self.url = found.group(1)
+                self.url, self.stack = found.group(1), found.group(2)
                 threading.Thread(target=lambda: [None for _ in self.proc.stderr], daemon=True).start()
                 return
         raise SystemExit("synapolis serve did not start")
+
+    def cpu_s(self) -> float | None:
+        """CPU seconds the server process has used (Linux), else None."""
+        try:
+            with open(f"/proc/{self.proc.pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self):
         self.proc.terminate()
@@ -82,37 +100,71 @@ async def call(client, verb, args):
         raise SystemExit(f"{verb} failed: {result.content[0].text}")
 
 
-async def round_trips(cmd, state: Path, env: dict, url: str, token: str, agent: dict, calls: int) -> dict:
+async def round_trips(cmd, state: Path, env: dict, servers: dict, token: str, agent: dict, calls: int) -> dict:
+    """The Python SDK's client: for each verb, stdio and each server's HTTP alternating in blocks. Per verb and
+    side: the round trips (seconds), and for a server the CPU seconds it used per call."""
     me = {"agent_id": agent["agent_id"], "session_id": agent["session_id"], "run_token": agent["run_token"]}
     params = StdioServerParameters(command=cmd[0], args=[*cmd[1:], "--state-dir", str(state), "mcp"],
                                    env={**env, "SYNAPOLIS_AGENT_ID": me["agent_id"],
                                         "SYNAPOLIS_SESSION_ID": me["session_id"], "SYNAPOLIS_RUN_TOKEN": me["run_token"]})
-    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=httpx2.Timeout(30, read=300))
-    results = {verb: {"http": [], "stdio": []} for verb in VERBS}
-    results["GET /healthz (bare route)"] = {"http": []}
-    async with Client(stdio_client(params, errlog=sys.stderr), mode="legacy") as over_stdio, \
-            Client(streamable_http_client(url + "/mcp", http_client=http), mode="legacy") as over_http, \
-            httpx2.AsyncClient(base_url=url) as bare:
-        await over_http.call_tool("start_session", {"agent_id": "http-bench", "session_id": me["session_id"]})
+    results = {verb: {side: [] for side in ["stdio", *servers]} for verb in VERBS}
+    cpu = {verb: {side: 0.0 for side in servers} for verb in VERBS}
+    client_cpu = {verb: {side: 0.0 for side in ["stdio", *servers]} for verb in VERBS}
+    bare = {side: [] for side in servers}
+    async with AsyncExitStack() as stack:
+        clients = {"stdio": await stack.enter_async_context(Client(stdio_client(params, errlog=sys.stderr),
+                                                                   mode="legacy"))}
+        for n, (side, server) in enumerate(servers.items()):
+            http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=httpx2.Timeout(30, read=300))
+            client = await stack.enter_async_context(Client(streamable_http_client(server.url + "/mcp", http_client=http),
+                                                            mode="legacy"))
+            await client.call_tool("start_session", {"agent_id": f"http-bench-{n}", "session_id": me["session_id"]})
+            clients[side] = client
         for verb, args in VERBS.items():
             for _ in range(10):  # warm-up
-                await call(over_http, verb, args)
-                await call(over_stdio, verb, args)
+                for client in clients.values():
+                    await call(client, verb, args)
             done = 0
             while done < calls:
-                for side, client in (("http", over_http), ("stdio", over_stdio)):
+                for side, client in clients.items():
+                    before = servers[side].cpu_s() if side in servers else None
+                    ours = time.process_time()
                     for _ in range(BLOCK):
                         began = time.perf_counter()
                         await call(client, verb, args)
                         results[verb][side].append(time.perf_counter() - began)
+                    client_cpu[verb][side] += time.process_time() - ours
+                    if before is not None:
+                        cpu[verb][side] += servers[side].cpu_s() - before
                 done += BLOCK
-        for _ in range(10):
-            (await bare.get("/healthz")).raise_for_status()
-        for _ in range(calls):
-            began = time.perf_counter()
-            (await bare.get("/healthz")).raise_for_status()
-            results["GET /healthz (bare route)"]["http"].append(time.perf_counter() - began)
-    return results
+        for side, server in servers.items():
+            async with httpx2.AsyncClient(base_url=server.url) as plain:
+                for n in range(10 + calls):
+                    began = time.perf_counter()
+                    (await plain.get("/healthz")).raise_for_status()
+                    if n >= 10:
+                        bare[side].append(time.perf_counter() - began)
+    return {"times": results, "cpu": {v: {s: c / calls for s, c in sides.items()} for v, sides in cpu.items()},
+            "client_cpu": {v: {s: c / calls for s, c in sides.items()} for v, sides in client_cpu.items()},
+            "bare": bare}
+
+
+def ts_round_trips(cmd, state: Path, env: dict, server, token: str, agent: dict, calls: int, http_agent: str) -> dict | None:
+    """The TypeScript SDK's client (tests/clients/rtt.mjs), stdio and this server's HTTP alternating in blocks;
+    None where node or the client's packages are missing."""
+    node = shutil.which("node")
+    if node is None or not (CLIENTS / "node_modules" / "@modelcontextprotocol" / "sdk").is_dir():
+        return None
+    identity = {k: agent[k] for k in ("agent_id", "session_id", "run_token")}
+    before = server.cpu_s()
+    done = subprocess.run([node, "rtt.mjs", json.dumps(cmd), str(state), server.url, token, str(calls), str(BLOCK),
+                           json.dumps(identity), http_agent], cwd=CLIENTS, capture_output=True, text=True, env=env, timeout=1800)
+    if done.returncode != 0:
+        raise SystemExit(f"rtt.mjs failed: {done.stderr[-2000:]}")
+    times = json.loads(done.stdout.strip().splitlines()[-1])
+    spent = server.cpu_s() - before if before is not None else None
+    return {verb: {side: [ms / 1000 for ms in values] for side, values in sides.items()} for verb, sides in times.items()} \
+        | {"_cpu_per_call": spent / (calls + 10) / len(times) if spent is not None else None}
 
 
 def dashboard_latency(cmd, state: Path, env: dict, url: str, token: str, signals: int) -> dict:
@@ -186,48 +238,76 @@ def run(args) -> str:
     cli("start", "--agent-id", "receiver", "--session-id", sender["session_id"])
     stdio_agent = cli("start", "--agent-id", "stdio-bench", "--session-id", sender["session_id"])
     load_before = os.getloadavg()[0]
-    server = Serve(cmd, state, env)
+    servers = {"HTTP": Serve(cmd, state, env), "HTTP, plain stack": Serve(cmd, state, {**env, PLAIN_ENV: "1"})}
     try:
-        rt = anyio.run(round_trips, cmd, state, env, server.url, token, stdio_agent, args.calls)
-        live = dashboard_latency(cmd, state, env, server.url, token, args.signals)
+        rt = anyio.run(round_trips, cmd, state, env, servers, token, stdio_agent, args.calls)
+        ts = {side: ts_round_trips(cmd, state, env, server, token, stdio_agent, args.calls, f"http-bench-ts-{n}")
+              for n, (side, server) in enumerate(servers.items())}
+        live = dashboard_latency(cmd, state, env, servers["HTTP"].url, token, args.signals)
     finally:
-        server.stop()
+        stacks = {side: server.stack for side, server in servers.items()}
+        for server in servers.values():
+            server.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     load = f"1-minute load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
+
+    def cpu_ms(value):
+        return "-" if value is None else f"{value * 1000:.2f} ms"
 
     lines = [
         "## Team server: tool round trips over HTTP vs stdio, dashboard update latency (bench_serve)",
         "",
         f"Machine: {machine()}  ",
         f"Command: `python benchmarks/bench_serve.py --calls {args.calls} --signals {args.signals}`  ",
-        "One `synapolis serve` (uvicorn, the SDK's streamable HTTP, protocol 2025-11-25 with a session, JSON "
-        "answers) and one `synapolis mcp` (stdio) on one state directory, each driven by the SDK's client. "
+        "One state directory; `synapolis mcp` (stdio) and two `synapolis serve` (the SDK's streamable HTTP, protocol "
+        f"2025-11-25 with a session, JSON answers): **HTTP** on {stacks['HTTP']}, **HTTP, plain stack** on "
+        f"{stacks['HTTP, plain stack']} (SYNAPOLIS_SERVE_PLAIN=1). "
         f"Load: {load} ({os.cpu_count()} CPUs shared with other work: compare columns of one run).",
         "",
-        f"### Round trips ({args.calls} calls each after 10 warm-up, HTTP and stdio alternating in blocks of "
-        f"{BLOCK})",
+        f"### Round trips ({args.calls} calls each after 10 warm-up, the sides alternating in blocks of {BLOCK})",
         "",
-        "| call | HTTP p50 | HTTP p99 | stdio p50 | stdio p99 | HTTP / stdio (p50) |",
-        "|---|---|---|---|---|---|",
+        "Server CPU: CPU time the `serve` process spent per call (user + system, from /proc); client CPU: the "
+        "Python client's own (this process), over HTTP / over stdio. The machine's other work moves CPU time "
+        "much less than wall time.",
+        "",
+        "| client | call | server | HTTP p50 | HTTP p99 | stdio p50 | stdio p99 | HTTP / stdio (p50) | server CPU per call "
+        "| client CPU per call, HTTP / stdio |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     ratios = []
-    for verb, r in rt.items():
-        if "stdio" not in r:
+
+    def row(client, verb, side, http, stdio, cpu, client_cpu=None):
+        ratio = statistics.median(http) / statistics.median(stdio)
+        ratios.append((client, verb, side, ratio))
+        ours = "-" if client_cpu is None else f"{client_cpu[0] * 1000:.2f} / {client_cpu[1] * 1000:.2f} ms"
+        lines.append(f"| {client} | {verb} | {side} | {ms(statistics.median(http))} | {ms(pct(http, .99))} | "
+                     f"{ms(statistics.median(stdio))} | {ms(pct(stdio, .99))} | {ratio:.2f}x | {cpu_ms(cpu)} | {ours} |")
+
+    for verb in VERBS:
+        for side in servers:
+            row("Python SDK", verb, side, rt["times"][verb][side], rt["times"][verb]["stdio"], rt["cpu"][verb][side],
+                (rt["client_cpu"][verb][side], rt["client_cpu"][verb]["stdio"]))
+    for side, times in ts.items():
+        if times is None:
             continue
-        ratio = statistics.median(r["http"]) / statistics.median(r["stdio"])
-        ratios.append((verb, ratio))
-        lines.append(f"| {verb} | {ms(statistics.median(r['http']))} | {ms(pct(r['http'], .99))} | "
-                     f"{ms(statistics.median(r['stdio']))} | {ms(pct(r['stdio'], .99))} | {ratio:.2f}x |")
-    bare = rt["GET /healthz (bare route)"]["http"]
-    lines.append(f"| baseline: GET /healthz, a bare starlette route of the same server | {ms(statistics.median(bare))} "
-                 f"| {ms(pct(bare, .99))} | - | - | - |")
-    met = sum(r <= 2.0 for _v, r in ratios)
+        for verb in VERBS:
+            row("TypeScript SDK", verb, side, times[verb]["http"], times[verb]["stdio"],
+                times["_cpu_per_call"] if verb == next(iter(VERBS)) else None)
+    for side, values in rt["bare"].items():
+        lines.append(f"| httpx2 | baseline: GET /healthz, a bare starlette route | {side} | "
+                     f"{ms(statistics.median(values))} | {ms(pct(values, .99))} | - | - | - | - | - |")
+    met = [(c, v, s) for c, v, s, r in ratios if r <= 2.0 and s == "HTTP"]
+    total = [r for r in ratios if r[2] == "HTTP"]
     lines += [
         "",
-        f"Target: HTTP at most 2x stdio: met by {met} of {len(ratios)} calls. The bare route is the floor of any "
+        f"Target: HTTP at most 2x stdio: met by {len(met)} of {len(total)} (client, call) pairs on the default "
+        "stack" + (f" ({', '.join(f'{c}: {v}' for c, v, _ in met)})" if met else "") + ". "
+        + ("" if all(t is not None for t in ts.values()) else "The TypeScript rows need node and `npm ci` in "
+           "tests/clients. ")
+        + "The TypeScript client's server CPU is per call over all its verbs. The bare route is the floor of any "
         "call over HTTP on this server (a request through uvicorn and starlette, no MCP, no verb); what an MCP "
-        "call adds over it is the SDK's streamable HTTP transport (a POST answered with JSON, session "
-        "checks) and the verb itself.",
+        "call adds over it is the SDK's streamable HTTP transport (a POST answered with JSON, session checks) "
+        "and the verb itself.",
         "",
         f"### Dashboard: `synapolis signal` (another process) to the page's `change` event ({args.signals} signals, "
         f"{live['missed']} missed)",

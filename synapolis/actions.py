@@ -16,8 +16,8 @@ from . import signals as sig
 from .errors import AmbiguousIdentityError, ConflictError, ForbiddenError, NotFoundError, UsageError
 from .heartbeat import check_fields, write_heartbeat
 from .identity import Who
-from .names import (check_text, generate_agent_id, refuse_reserved, validate_agent_id, validate_claim_item,
-                    validate_session_id)
+from .names import (check_limit, check_text, generate_agent_id, refuse_reserved, validate_agent_id,
+                    validate_claim_item, validate_session_id)
 from .sessions import (active_sessions, agent_row, create_session, each_store, ensure_session, is_live, read_session,
                        reopen_session, session_exists, sessions_of_agent, ts)
 from .store import clock, open_session, store_for
@@ -186,7 +186,7 @@ def read_signals(ws, who: Who | None = None, *, unread_only: bool = True, limit:
 
     Marks nothing delivered and nothing read (EP-0118's CQS); it only refreshes the heartbeat.
     """
-    _check_limit(limit)
+    check_limit(limit)
     _check_after(after)
     with as_agent(ws, who, env=env, piggyback=False, mutation=False, now=now) as call:
         with call.store.read() as conn:
@@ -200,11 +200,6 @@ def read_signals(ws, who: Who | None = None, *, unread_only: bool = True, limit:
 def _check_after(after) -> None:
     if after is not None and (not isinstance(after, int) or isinstance(after, bool) or after < 0):
         raise UsageError(f"after must be a signal sequence (a whole number >= 0), not {after!r}")
-
-
-def _check_limit(limit) -> None:
-    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-        raise UsageError(f"limit must be a positive whole number, not {limit!r}")
 
 
 def ack_signals(ws, who: Who | None, ids, *, all: bool = False, env=None, piggyback: bool = True,
@@ -223,16 +218,39 @@ def ack_signals(ws, who: Who | None, ids, *, all: bool = False, env=None, piggyb
 ACKED_SHOWN = 1000  # ids an ack answer lists (the oldest); `acked_count` says how many were acked
 
 
+WITHHELD_SHOWN = 500  # undelivered signals a `withheld` answer lists (the oldest)
+
+
 def signals_pending(ws, who: Who | None = None, *, env=None, method: str = "poll", limit: int | None = None,
-                    budget_chars: int | None = None, now: datetime | None = None) -> dict:
-    """Drain the caller's undelivered signals (`poll`; hooks pass `hook`, which also redelivers)."""
-    _check_limit(limit)
+                    budget_chars: int | None = None, fits=None, status: str | None = None,
+                    withheld: bool = False, change_mark: bool = False, now: datetime | None = None) -> dict:
+    """Drain the caller's undelivered signals (`poll`; hooks pass `hook`, which also redelivers).
+
+    A page as big as read_signals' unless `limit`/`budget_chars` say otherwise; `fits(taken, candidate)`
+    (a hook's answer budget) instead decides signal by signal, oldest first, so exactly the signals that
+    fit are marked delivered. `status` goes into the heartbeat refresh (a hook: `active`). `withheld` adds
+    the caller's unread signals still undelivered after the drain (the oldest WITHHELD_SHOWN), read in
+    the same transaction: what a hook summarises instead of showing. `change_mark` adds, when nothing at
+    all is unread after the drain, the store's change counter read in that transaction and the caller's
+    registered harness and substrate (else None): what a hook's quiet path remembers (harness.quiet).
+    """
+    check_limit(limit)
+    if budget_chars is None and fits is None:
+        budget_chars = sig.PAGE_BUDGET_CHARS
     with as_agent(ws, who, env=env, piggyback=True, method=method, now=now) as call:
-        call.beat_now()  # outside the write lock: the file write need not serialize writers
+        # outside the write lock: the file write need not serialize writers
+        call.beat_now({"status": status} if status else None)
         with call.store.write() as conn:
-            # a page as big as read_signals' (the hooks pass their own cap)
-            return call.finish({}, conn, limit=sig.PAGE_LIMIT if limit is None else limit,
-                               budget_chars=sig.PAGE_BUDGET_CHARS if budget_chars is None else budget_chars)
+            result = call.finish({}, conn, limit=sig.PAGE_LIMIT if limit is None else limit,
+                                 budget_chars=budget_chars, fits=fits)
+            if withheld:
+                result["withheld"] = [s for s in sig.unread(conn, call.agent_id, limit=WITHHELD_SHOWN)
+                                      if s.get("delivered_at") is None]
+            if change_mark:
+                mark = None if sig.unread(conn, call.agent_id, limit=1) else conn.change_mark()
+                result["change_mark"] = None if mark is None else {
+                    "mark": mark, "harness": call.row["harness"], "substrate": call.row["substrate"] or None}
+            return result
 
 
 def inbox(ws, who: Who | None, session_id: str, agent_id: str, *, env=None, method: str = "push",
@@ -246,7 +264,7 @@ def inbox(ws, who: Who | None, session_id: str, agent_id: str, *, env=None, meth
     """
     validate_session_id(session_id)
     validate_agent_id(agent_id)
-    _check_limit(limit)
+    check_limit(limit)
     _check_after(after)
     who = who or Who()
     refusal = f"the inbox of {agent_id} in session {session_id} is read only by that agent itself"
@@ -275,23 +293,26 @@ def follow_signals(ws, who: Who | None = None, *, unread_only: bool = True, limi
 
     from .watching import event_handler, start_observer, stop_observer
 
-    first = read_signals(ws, who, unread_only=unread_only, limit=limit, env=env)
-    yield from first["signals"]
-    last = max([s["sequence"] for s in first["signals"]] + [first["latest_sequence"]])
-    agent, session = first["agent_id"], first["session_id"]
     stop = stop or threading.Event()
     changed = threading.Event()
+    first = read_signals(ws, who, unread_only=unread_only, limit=limit, env=env)
+    agent, session = first["agent_id"], first["session_id"]
 
     def on_event(event):
         if not event.is_directory:
             changed.set()
 
-    # a shared store pushes (LISTEN/NOTIFY); the SQLite store's session folder is watched
+    # watching starts before the first signals are handed out, so whoever has seen them knows that
+    # every later one is noticed at once: a shared store pushes (LISTEN/NOTIFY); the SQLite store's
+    # session folder is watched. What came between the first read and now is read by the first check.
     listener_stop = threading.Event()
     listener = store_for(ws).listen(lambda sid: changed.set() if sid in (None, session) else None, listener_stop)
     observer = None if listener is not None else \
         start_observer(event_handler(on_event), ws.paths.session_dir(session), poll_interval_s=0.5)
+    changed.set()
     try:
+        yield from first["signals"]
+        last = max([s["sequence"] for s in first["signals"]] + [first["latest_sequence"]])
         with open_session(ws, session) as store:
             while not stop.is_set():
                 changed.wait(safety_wait_s)
@@ -408,7 +429,7 @@ def read_notes(ws, who: Who | None = None, *, session_id: str | None = None, lim
                now: datetime | None = None) -> dict:
     """A page of the session's notes, oldest first: the newest `limit` (below seq `before` when given) that
     fit `budget_chars`, with `remaining` (older notes) and `next_before` (the next page's `before`)."""
-    _check_limit(limit)
+    check_limit(limit)
     if before is not None and (not isinstance(before, int) or isinstance(before, bool) or before < 1):
         raise UsageError(f"before must be a note seq (a whole number >= 1), not {before!r}")
     budget_chars = NOTES_BUDGET_CHARS if budget_chars is None else budget_chars
@@ -470,7 +491,7 @@ def whiteboard_read(ws, who: Who | None = None, key: str | None = None, *, sessi
         board.check_key(key)
     if after is not None:
         board.check_key(after)
-    _check_limit(limit)
+    check_limit(limit)
     with as_agent(ws, in_session(who, session_id), env=env, piggyback=piggyback, mutation=False, required=False,
                   now=now) as call:
         scope = _read_scope(ws, call, session_id)
@@ -534,17 +555,12 @@ def release(ws, who: Who | None, item: str, *, force: bool = False, reason: str 
         return call.finish({"claim": dict(record), "event": getattr(record, "event", None)}, best_effort=True)
 
 
-def list_claims(ws, who: Who | None = None, *, env=None, piggyback: bool = True, now: datetime | None = None) -> dict:
-    """Every claim with its state; acts as the caller too when one resolves."""
-    from . import claims
-
-    with as_agent(ws, who, env=env, piggyback=piggyback, mutation=False, required=False, need_session=False,
-                  need_registration=False, now=now) as call:
-        return _finish_read(call, {"claims": claims.list_claims(ws, now)})
-
-
 def claim_check(ws, who: Who | None, item: str, token, *, env=None, now: datetime | None = None) -> dict:
-    """The fencing check: the live claim record, StaleToken (exit 7) or NotFoundError (exit 6)."""
+    """The fencing check: the live claim record, StaleToken (exit 7) or NotFoundError (exit 6).
+
+    It acts as nobody (a guarded write checks on its own, whoever runs it), so it delivers nothing; `who`
+    and `env` are accepted so every surface calls it like any verb. (Listing the claims is no agent's
+    verb either: the CLI's `claims` calls `claims.list_claims`, as the status screen does.)"""
     from . import claims
 
     return {"claim": claims.check(ws, item, token, now=now), "live": True, "pending_signals": [],

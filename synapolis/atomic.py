@@ -412,7 +412,9 @@ def append_jsonl(path: Path | str, *records: dict, verify: bool = False) -> int:
         return log.append(*records, verify=verify)
 
 
-def _parse_line(line: bytes):
+def parse_jsonl_line(line: bytes) -> dict | None:
+    """One line of a JSON-lines log as its object; None for a blank, torn or broken line, or one that
+    is not an object: every reader of our logs skips those rather than fail."""
     if not line.strip():
         return None
     try:
@@ -445,7 +447,7 @@ def read_jsonl(path: Path | str, limit: int | None = None) -> list[dict]:
     lines = raw.split(b"\n")
     if start:
         lines = lines[1:]  # cut by the limit: not a whole line
-    return [r for r in map(_parse_line, lines) if r is not None]
+    return [r for r in map(parse_jsonl_line, lines) if r is not None]
 
 
 TAIL_BLOCK = 65536
@@ -470,7 +472,7 @@ def iter_jsonl_backwards(path: Path | str, block: int = TAIL_BLOCK):
             carry = lines[0] if position > 0 else b""
             complete = lines[1:] if position > 0 else lines
             for line in reversed(complete):
-                record = _parse_line(line)
+                record = parse_jsonl_line(line)
                 if record is not None:
                     yield record
     finally:

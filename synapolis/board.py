@@ -7,22 +7,11 @@ from datetime import datetime
 
 from .atomic import JsonlLog, iter_jsonl_backwards, locked
 from .errors import NotFoundError, UsageError
-from .names import check_text
+from .names import check_content, check_limit, check_text
 from .sessions import ts
 from .timeutil import format_ts
 
 MAX_KEY = 200
-
-
-def _check_text(text, what: str, config, allow_empty: bool = False) -> str:
-    if not isinstance(text, str):
-        raise UsageError(f"{what} must be text")
-    if not text and not allow_empty:
-        raise UsageError(f"{what} is empty")
-    size = len(check_text(text, what).encode("utf-8"))
-    if size > int(config.max_content_bytes):
-        raise UsageError(f"{what} is {size} bytes, more than max_content_bytes={config.max_content_bytes}")
-    return text
 
 
 def check_key(key) -> str:
@@ -44,7 +33,7 @@ def _entry(row) -> dict:
 def write_entry(tx, key: str, value: str, agent_id: str, now: datetime, config) -> dict:
     """Inside a write transaction: set `key` to `value` (last writer wins, with who and when)."""
     check_key(key)
-    _check_text(value, "whiteboard value", config, allow_empty=True)
+    check_content(value, "whiteboard value", config, allow_empty=True)
     stamp = ts(now)
     tx.whiteboard_set(key, value, agent_id, stamp)
     return {"key": key, "value": value, "updated_by": agent_id, "updated_at": stamp}
@@ -74,7 +63,7 @@ def _last_seq(path) -> int:
 
 def check_note(text, config) -> str:
     """The note's text, or UsageError before anything is written."""
-    return _check_text(text, "note", config)
+    return check_content(text, "note", config)
 
 
 @contextlib.contextmanager
@@ -114,8 +103,7 @@ def append_note(ws, session_id: str, agent_id: str, text: str, now: datetime) ->
 def read_notes(ws, session_id: str, limit: int = 50) -> list[dict]:
     """The newest `limit` notes, oldest first, read backwards from the end of the file: the cost is the
     newest notes, not the whole bus."""
-    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-        raise UsageError(f"limit must be a positive whole number, not {limit!r}")
+    check_limit(limit, optional=False)
     newest = []
     for record in iter_jsonl_backwards(ws.paths.session_notes(session_id)):
         if _is_note(record):

@@ -12,7 +12,7 @@ import threading
 import time
 from datetime import datetime, timedelta
 
-from .atomic import JsonlLog, atomic_write_json, json_files, open_regular, read_json, restorable
+from .atomic import JsonlLog, atomic_write_json, json_files, open_regular, parse_jsonl_line, read_json, restorable
 from .errors import (BusyError, ConflictError, ForbiddenError, InternalError, NotFoundError, StaleToken,
                      SynapolisError, UsageError)
 from .names import check_text, validate_agent_id, validate_claim_item, validate_session_id
@@ -147,11 +147,10 @@ def _high_water(ws, item: str, record: dict | None, known: bool = True) -> int:
             for line in handle:
                 if needle not in line:
                     continue
-                try:
-                    event = json.loads(line)
-                except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+                event = parse_jsonl_line(line)
+                if event is None:
                     continue
-                token = event.get("token") if isinstance(event, dict) else None
+                token = event.get("token")
                 if event.get("item") == item and isinstance(token, int) and not isinstance(token, bool):
                     best = max(best, token)
     except OSError:  # missing, or not a regular file: no history to go by
@@ -229,11 +228,8 @@ def _logged(log: JsonlLog, event: dict, offset) -> bool:
         return True  # written before transitions carried their offset: nothing to compare
     # (a line appended after a torn fragment starts one newline later)
     line = os.pread(log.fd, 65536, offset).lstrip(b"\n").split(b"\n", 1)[0]
-    try:
-        found = json.loads(line)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        return False
-    return isinstance(found, dict) and all(found.get(k) == event.get(k) for k in ("at", "item", "event", "token"))
+    found = parse_jsonl_line(line)
+    return found is not None and all(found.get(k) == event.get(k) for k in ("at", "item", "event", "token"))
 
 
 def _repair(log: JsonlLog, record: dict | None, last) -> None:
@@ -652,9 +648,10 @@ def held_items(ws, now: datetime | None = None) -> dict[str, list[str]]:
     return {agent: sorted(items) for agent, items in held.items()}
 
 
-def list_claims(ws, now: datetime | None = None) -> list[dict]:
+def list_claims(ws, now: datetime | None = None, *, held_only: bool = False) -> list[dict]:
     """Every claim file with its `state` (held/expired/released), the holder's effective status and
-    whether another agent could take it now; an unreadable file is listed with state 'invalid'."""
+    whether another agent could take it now; an unreadable file is listed with state 'invalid'.
+    `held_only`: only the claims held at `now` (`synapolis claims --held`)."""
     from .store import store_for
 
     now = clock(ws, now)
@@ -676,7 +673,7 @@ def list_claims(ws, now: datetime | None = None) -> list[dict]:
             entry["takeable"] = entry["state"] == "expired" or statuses[holder] in CLAIMABLE_FROM
         out.append(entry)
     out.sort(key=lambda e: (e["item"] is None, e["item"] or e.get("file", "")))
-    return out
+    return [e for e in out if e["state"] == "held"] if held_only else out
 
 
 def reap(ws, now: datetime | None = None) -> list[dict]:

@@ -33,7 +33,11 @@ class InternalError(SynapolisError):
     type_name = "InternalError"
 
 
-class UsageError(SynapolisError, ValueError):
+# No error here subclasses ValueError or an OSError builtin (PermissionError, TimeoutError): the many
+# `except (OSError, ValueError)` around reading and parsing files must never swallow a refusal, a bad
+# argument or a timeout meant for the caller. A caller that means to catch one names its class.
+# NotFoundError alone is also a LookupError (nothing catches LookupError broadly).
+class UsageError(SynapolisError):
     exit_code = 2
     type_name = "UsageError"
 
@@ -70,8 +74,6 @@ class NotFoundError(SynapolisError, LookupError):
     type_name = "NotFoundError"
 
 
-# ForbiddenError and BusyError subclass no OSError builtin (PermissionError, TimeoutError): the many
-# `except OSError` around file I/O must never swallow a refusal or a timeout meant for the caller.
 class ForbiddenError(SynapolisError):
     exit_code = 7
     type_name = "ForbiddenError"

@@ -105,6 +105,27 @@ def check_text(value, what: str) -> str:
     return value
 
 
+def check_content(value, what: str, config, allow_empty: bool = False) -> str:
+    """Text an agent stores for others (a signal's content, a note, a whiteboard value): valid UTF-8 text,
+    not empty unless `allow_empty`, at most `config.max_content_bytes` bytes of it; UsageError otherwise."""
+    if not isinstance(value, str):
+        raise UsageError(f"{what} must be text")
+    if not value and not allow_empty:
+        raise UsageError(f"{what} is empty")
+    size = len(check_text(value, what).encode("utf-8"))
+    if size > int(config.max_content_bytes):
+        raise UsageError(f"{what} is {size} bytes, more than max_content_bytes={config.max_content_bytes}")
+    return value
+
+
+def check_limit(limit, *, optional: bool = True) -> None:
+    """A page size: a whole number >= 1 (or None, the verb's default, when `optional`); UsageError otherwise."""
+    if limit is None and optional:
+        return
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise UsageError(f"limit must be a positive whole number, not {limit!r}")
+
+
 def is_subagent_of(candidate: str, parent: str) -> bool:
     """True when `candidate` is a strict dot-descendant of `parent` (a.b is under a)."""
     return candidate.startswith(parent + ".")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from .errors import ForbiddenError, NotFoundError, RateLimitedError, UsageError
-from .names import check_text, is_subagent_of, sha256 as _sha256, validate_agent_id
+from .names import check_content, is_subagent_of, sha256 as _sha256, validate_agent_id
 from .sessions import agent_row, is_live, ts
 
 TYPES = ("inform", "query", "delegate", "ack", "warn", "sleep_event", "sleep_request")
@@ -215,17 +215,6 @@ def _rate_limited(agent_id: str, tokens: float, rate: float) -> RateLimitedError
                             f"(rate_limit_per_min): retry in {wait:.1f} s", retry_after_s=wait)
 
 
-def check_content(content, config) -> str:
-    if not isinstance(content, str):
-        raise UsageError("signal content must be text")
-    if content == "":
-        raise UsageError("signal content is empty")
-    size = len(check_text(content, "signal content").encode("utf-8"))
-    if size > int(config.max_content_bytes):
-        raise UsageError(f"signal content is {size} bytes, more than max_content_bytes={config.max_content_bytes}")
-    return content
-
-
 def find_signal(tx, ref: str, agent_id: str | None = None):
     """The one signal a full id or a unique prefix (8+ hex) names; visible to `agent_id` when given."""
     text = ref.strip().lower() if isinstance(ref, str) else ""
@@ -252,7 +241,7 @@ def send(tx, *, caller: str | None, recipient: str, content: str, now: datetime,
     """
     if type_ not in TYPES:
         raise UsageError(f"signal type must be one of {', '.join(TYPES)}, not {type_!r}")
-    check_content(content, config)
+    check_content(content, "signal content", config)
     if recipient != BROADCAST:
         validate_agent_id(recipient, "recipient")
     sender = sender or caller or SYSTEM_SENDER

@@ -8,9 +8,9 @@ import os
 import unicodedata
 from datetime import datetime
 
-from .atomic import append_jsonl, locked, open_regular, read_jsonl
+from .atomic import append_jsonl, locked, open_regular, parse_jsonl_line, read_jsonl
 from .errors import UsageError
-from .names import validate_agent_id
+from .names import check_limit, validate_agent_id
 from .timeutil import format_ts, parse_ts, utcnow
 
 LEDGER_SCHEMA_VERSION = 1
@@ -293,11 +293,8 @@ class LedgerReader:
             chunk = handle.read()
         end = chunk.rfind(b"\n") + 1  # a torn last line (a writer killed mid-line) waits for its newline
         for raw in chunk[:end].split(b"\n"):
-            try:
-                line = json.loads(raw) if raw.strip() else None
-            except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-                continue
-            if isinstance(line, dict):
+            line = parse_jsonl_line(raw)
+            if line is not None:
                 self.holdings.add(line)
         self.offset += end
         return self.holdings
@@ -328,8 +325,7 @@ def memories(ws, *, limit: int | None = None) -> dict:
     """`synapolis memories`: the consolidated ledger from the store, the newest `limit` lines, oldest first."""
     from .store import store_for
 
-    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-        raise UsageError(f"limit must be a positive whole number, not {limit!r}")
+    check_limit(limit)
     store = store_for(ws)
     lines = store.read_ledger()
     total = len(lines)

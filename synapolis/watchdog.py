@@ -38,10 +38,10 @@ def run_watchdog(ws, now: datetime | None = None, on_alert=None) -> dict:
     from .escalation import run_escalation
     from .monitor import heartbeat_reads, run_monitor
 
-    from .store import store_for
+    from .store import clock, store_for
 
     store = store_for(ws)
-    now = now or store.now()
+    now = clock(ws, now)
     # one pass at a time: on this machine (a file lock), and across every machine sharing a store
     with store.exclusive_pass("watchdog", ws.paths.lock("watchdog")) as got:
         if not got:

@@ -1,4 +1,5 @@
-"""Shared fixtures: a fresh state directory per test, the CLI as a real process, raw heartbeat files."""
+"""Shared fixtures and helpers: a fresh state directory per test, the CLI as a real process (`cli`,
+`synapolis_cmd`, `clean_env`), `wait_until`, raw heartbeat files, the stores, MCP clients, hostile processes."""
 
 from __future__ import annotations
 
@@ -158,18 +159,46 @@ def console_script(name: str) -> str:
     return str(Path(sys.executable).parent / name)
 
 
-def _cli_env(extra=None):
+# -- the CLI as a real process, its environment, and waiting for what another process does --------------
+
+def synapolis_cmd(state_dir, *args) -> list[str]:
+    """The CLI as a real process of this interpreter, on `state_dir`."""
+    return [sys.executable, "-m", "synapolis", "--state-dir", str(state_dir), *map(str, args)]
+
+
+def clean_env(extra: dict | None = None, **more) -> dict:
+    """This process's environment without any SYNAPOLIS_* variable, plus `extra` and `more`: a child process
+    of a test must not inherit the developer's identity, store or state directory."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SYNAPOLIS_")}
-    env.update(extra or {})
+    env.update(extra or {}, **more)
     return env
+
+
+_cli_env = clean_env  # its old name, for branches that still use it
+
+
+def wait_until(predicate, deadline_s: float = 20, what: str | None = None, interval_s: float = 0.02):
+    """Poll `predicate` until it returns something truthy, and return that: for waiting on what another
+    process does (a file it writes, a row it commits). Fails the test, saying what it waited for, when
+    `deadline_s` passes first: a wait never ends quietly with the test going on as if it had happened."""
+    import time
+
+    deadline = time.monotonic() + deadline_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            pytest.fail(f"waited {deadline_s:g} s for {what or getattr(predicate, '__name__', 'a condition')}")
+        time.sleep(interval_s)
 
 
 @pytest.fixture
 def cli(state_dir):
     """Run `python -m synapolis --state-dir <this test's state dir> ARGS...`; a CompletedProcess (text)."""
     def run(*args, input=None, env=None, timeout=60, state=None):
-        cmd = [sys.executable, "-m", "synapolis", "--state-dir", str(state or state_dir), *map(str, args)]
-        return subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout, env=_cli_env(env))
+        cmd = synapolis_cmd(state or state_dir, *args)
+        return subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout, env=clean_env(env))
     return run
 
 
@@ -335,8 +364,8 @@ def start_server(state_dir, *args, timeout=30, env=None):
     import threading
     import time
 
-    cmd = [sys.executable, "-m", "synapolis", "--state-dir", str(state_dir), "serve", "--port", "0", *map(str, args)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_cli_env(env))
+    cmd = synapolis_cmd(state_dir, "serve", "--port", "0", *args)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=clean_env(env))
     deadline = time.monotonic() + timeout
     seen = []
     while time.monotonic() < deadline:
@@ -443,11 +472,6 @@ class Inbox:
 
 # -- processes under hostile conditions (tests/test_integrity.py, test_hostile_files.py, test_faults.py) ---
 
-def synapolis_cmd(state_dir, *args) -> list[str]:
-    """The CLI as a real process of this interpreter, on `state_dir`."""
-    return [sys.executable, "-m", "synapolis", "--state-dir", str(state_dir), *map(str, args)]
-
-
 def run_limited(state_dir, *args, fsize: int | None = None, memory: int | None = None, input=None,
                 timeout: float = 60, env=None) -> subprocess.CompletedProcess:
     """Run the CLI with RLIMIT_FSIZE `fsize` (no file may grow past that many bytes; SIGXFSZ ignored, so a
@@ -464,7 +488,7 @@ def run_limited(state_dir, *args, fsize: int | None = None, memory: int | None =
             resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
 
     return subprocess.run(synapolis_cmd(state_dir, *args), input=input, capture_output=True, text=True,
-                          timeout=timeout, env=_cli_env(env), preexec_fn=limits)
+                          timeout=timeout, env=clean_env(env), preexec_fn=limits)
 
 
 class Holder:
@@ -484,7 +508,7 @@ class Holder:
 
     def __init__(self, script: str, target):
         self.proc = subprocess.Popen([sys.executable, "-c", script, str(target)], stdout=subprocess.PIPE, text=True,
-                                     env=_cli_env())
+                                     env=clean_env())
 
     @classmethod
     def store(cls, db_path) -> "Holder":
@@ -606,7 +630,7 @@ def run_faulty(state_dir, *args, at: int = 0, mode: str = "raise", input=None,
     """The CLI on `state_dir` with a fault at step `at` (see _FAULTY); returncode -9 when killed."""
     return subprocess.run([sys.executable, "-c", _FAULTY, mode, str(at), "--state-dir", str(state_dir),
                            *map(str, args)], input=input, capture_output=True, text=True, timeout=timeout,
-                          env=_cli_env())
+                          env=clean_env())
 
 
 def fault_steps(out: subprocess.CompletedProcess) -> int:
@@ -629,3 +653,63 @@ def harness_home(tmp_path, monkeypatch):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("GEMINI_CLI_SYSTEM_SETTINGS_PATH", str(tmp_path / "etc-gemini-cli" / "settings.json"))
     return path
+
+
+# -- the real harness binaries (tests/test_harness_*.py) -------------------------------------------
+
+HARNESS_CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".ci", "cache", "harnesses")
+
+
+def harness_binary(name: str) -> str | None:
+    """A harness's CLI (`claude`, `gemini`, `codex`): $SYNAPOLIS_TEST_<NAME>, else the pinned one that
+    .ci/setup.d/50-harnesses.sh installed under this checkout's .ci/cache, else one on PATH; else None."""
+    import shutil
+
+    pinned = os.path.join(HARNESS_CACHE, name, "node_modules", ".bin", name)
+    return (os.environ.get(f"SYNAPOLIS_TEST_{name.upper()}") or (pinned if os.access(pinned, os.X_OK) else None)
+            or shutil.which(name))
+
+
+def require_harness(name: str) -> str:
+    """`harness_binary(name)`, or the test skips (fails in CI, where .ci/run installs them with npm)."""
+    found = harness_binary(name)
+    if found is None:
+        message = f"no {name} binary (set SYNAPOLIS_TEST_{name.upper()}, or run .ci/setup.d/50-harnesses.sh)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
+class CodexAppServer:
+    """`codex app-server` (Codex's own JSON-RPC over stdio), initialized: `ask(method, params)` is one
+    request's answer (notifications in between are passed over)."""
+
+    def __init__(self, codex: str, codex_home, cwd, env=None):
+        env = {**os.environ, **(env or {}), "CODEX_HOME": str(codex_home)}
+        self.proc = subprocess.Popen([codex, "app-server"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True, cwd=cwd, env=env)
+        self._next = 0
+        self.ask("initialize", {"clientInfo": {"name": "synapolis-tests", "version": "0"}})
+        self._send({"method": "initialized"})
+
+    def _send(self, message: dict) -> None:
+        self.proc.stdin.write(json.dumps(message) + "\n")
+        self.proc.stdin.flush()
+
+    def ask(self, method: str, params: dict) -> dict:
+        self._next += 1
+        self._send({"id": self._next, "method": method, "params": params})
+        while True:
+            line = self.proc.stdout.readline()
+            assert line, "codex app-server closed its output"
+            message = json.loads(line)
+            if message.get("id") == self._next:
+                return message
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.kill()
+        self.proc.wait(timeout=30)

@@ -14,6 +14,7 @@ from collections import defaultdict
 
 import pytest
 
+from conftest import clean_env, wait_until
 from synapolis import claims
 from synapolis.atomic import read_jsonl
 from synapolis.errors import ConflictError, StaleToken
@@ -103,19 +104,22 @@ def test_cli_processes_race_for_one_item(tmp_path):
     """Six `synapolis claim` processes fire together: exactly one exits 0, the rest exit 3."""
     state_dir = tmp_path / "state"
     Workspace.open(state_dir).ensure()
-    go = tmp_path / "go"
+    go, ready = tmp_path / "go", tmp_path / "ready"
+    ready.mkdir()
     script = (
         "import os, sys, time\n"
         "from synapolis.cli import main\n"  # imported before the start line, so nobody lags
+        f"open(os.path.join({str(ready)!r}, str(os.getpid())), 'w').close()\n"
         f"deadline = time.monotonic() + {DEADLINE_S}\n"
         f"while not os.path.exists({str(go)!r}) and time.monotonic() < deadline: time.sleep(0.001)\n"
         "main(sys.argv[1:])\n")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SYNAPOLIS_")}
+    env = clean_env()
     procs = [subprocess.Popen([sys.executable, "-c", script, "--state-dir", str(state_dir), "claim", "race:1",
                                "--agent-id", f"cli{i}", "--json"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for i in range(6)]
-    time.sleep(0.5)  # let them import; correctness does not depend on it, only the overlap does
+    # every one imported and waiting: correctness does not depend on it, only the overlap does
+    wait_until(lambda: len(os.listdir(ready)) == len(procs), DEADLINE_S, "the racers to import synapolis")
     go.touch()
     outs = []
     try:
@@ -146,28 +150,21 @@ while True:
 """
 
 
-def _wait_for(predicate, timeout=DEADLINE_S):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        time.sleep(0.01)
-
-
 def test_sigkilled_claimer_leaves_a_state_where_tokens_still_grow(tmp_path):
     state_dir = tmp_path / "state"
     ws = Workspace.open(state_dir).ensure()
     ws.paths.config.write_text(json.dumps({"busy_timeout_ms": 3000}))
     tokens_file = tmp_path / "tokens"
     rng = random.Random(7)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SYNAPOLIS_")}
+    env = clean_env()
     for k in range(6):
         seen = len(tokens_file.read_text().split()) if tokens_file.exists() else 0
         # a restarted agent has a new id (the same id would renew its own live claim, same token)
         child = subprocess.Popen([sys.executable, "-c", CRASHER, str(state_dir), str(tokens_file), f"crasher{k}"],
                                  env=env, stderr=subprocess.PIPE)
         try:
-            _wait_for(lambda: tokens_file.exists() and len(tokens_file.read_text().split()) > seen)
+            wait_until(lambda: tokens_file.exists() and len(tokens_file.read_text().split()) > seen, DEADLINE_S,
+                       "the claimer to hand out a token")
             time.sleep(rng.uniform(0.0, 0.15))  # somewhere mid-claim, mid-write or mid-release
             child.send_signal(signal.SIGKILL)
             child.wait(timeout=DEADLINE_S)
@@ -208,10 +205,10 @@ def test_sigkilled_lock_holder_does_not_block_anyone(tmp_path, cli):
     ws.paths.config.write_text(json.dumps({"busy_timeout_ms": 1000}))
     ws = Workspace.open(state_dir)
     ready = tmp_path / "locked"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SYNAPOLIS_")}
+    env = clean_env()
     child = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(state_dir), str(ready)], env=env)
     try:
-        _wait_for(ready.exists)
+        wait_until(ready.exists, DEADLINE_S, "the child to hold the lock")
         busy = cli("claim", "crash:2", "--agent-id", "alice")
         assert busy.returncode == 8 and "BusyError" in busy.stderr  # finite timeout, nobody waits forever
         child.send_signal(signal.SIGKILL)

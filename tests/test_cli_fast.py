@@ -18,15 +18,14 @@ from synapolis.cli import fast
 from synapolis.identity import Who
 from synapolis.workspace import Workspace
 
-from conftest import _cli_env
+from conftest import clean_env
 
 CLICK = "import sys; from synapolis.cli import _click_main; _click_main(sys.argv[1:])"
 # what differs between two runs of one call: the clock (timestamps and what is derived from them)
 _STAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z")
 _HEX = re.compile(r"\b[0-9a-f]{12}(?:[0-9a-f]{52})?\b")
 _PID = re.compile(r'"pid": \d+')
-# a signal's age in the text: the two runs may fall either side of a second on a loaded machine
-_AGE = re.compile(r"\b\d+s ago\b")
+_AGE = re.compile(r"\b(?:\d+[smhd] ago|in \d+[smhd])\b")  # "0s ago" in one run is "1s ago" in the next
 
 
 def _norm(text: str) -> str:
@@ -52,7 +51,7 @@ def both(twins, *args, stdin=None):
     runs = []
     for state, cmd in zip(twins, ([sys.executable, "-m", "synapolis"], [sys.executable, "-c", CLICK])):
         runs.append(subprocess.run([*cmd, "--state-dir", str(state), *map(str, args)], input=stdin,
-                                   capture_output=True, text=True, timeout=60, env=_cli_env()))
+                                   capture_output=True, text=True, timeout=60, env=clean_env()))
     return runs
 
 

@@ -144,7 +144,6 @@ def test_change_events_arrive_within_two_seconds_of_a_cli_change(served, cli):
     assert changes[0] - finished < LIVE_S  # measured from the CLI's exit, its own start-up aside
 
 
-
 def test_an_open_page_with_nothing_changing_hears_no_change(served, cli):
     """The page refetches on every change event; its own reads must never cause one (SQLite readers open,
     close, create and delete files; were those news, the page would refetch forever)."""

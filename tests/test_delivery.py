@@ -149,6 +149,26 @@ def test_hook_redelivery(ws, pair, db_rows):
     assert actions.beat(ws, bob, env={}, now=NOW + timedelta(seconds=20 * wait))["pending_signals"] == []
 
 
+def test_a_hooks_drain_takes_what_fits_marks_only_that_and_names_the_rest(ws, pair, db_rows):
+    """signals_pending as a hook calls it: `fits` decides signal by signal, `withheld` lists the undelivered
+    rest from the same transaction, `status` goes into the heartbeat and the registry."""
+    alice, bob = pair
+    actions.beat(ws, bob, status="idle", env={}, now=NOW)
+    sent = [actions.signal(ws, alice, "bob", f"m{i}", env={}, now=NOW)["signal"]["id"] for i in range(3)]
+    later = NOW + timedelta(seconds=5)
+    out = actions.signals_pending(ws, bob, env={}, method="hook", status="active", withheld=True,
+                                  fits=lambda taken, candidate: not taken, now=later)
+    assert [s["id"] for s in out["pending_signals"]] == sent[:1]
+    assert [s["id"] for s in out["withheld"]] == sent[1:]
+    rows = deliveries(db_rows, bob)
+    assert [(r["signal_id"], r["delivery_method"]) for r in rows] == [(sent[0], "hook")]
+    assert json.loads(ws.paths.heartbeat("bob").read_text())["status"] == "active"
+    assert db_rows(bob.session_id, "SELECT status FROM agents WHERE id='bob'")[0]["status"] == "active"
+    # without `withheld` the answer is the plain one; the poll takes the rest
+    rest = actions.signals_pending(ws, bob, env={}, now=later)
+    assert "withheld" not in rest and [s["id"] for s in rest["pending_signals"]] == sent[1:]
+
+
 def test_every_verb_refreshes_the_heartbeat_keeping_status_and_task(ws, pair, db_rows):
     alice, bob = pair
     actions.beat(ws, bob, status="idle", task="reviewing", env={}, now=NOW)

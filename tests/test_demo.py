@@ -10,10 +10,11 @@ import sys
 import time
 from pathlib import Path
 
+from conftest import clean_env
+
 
 def test_the_demo_runs_and_leaves_what_it_says(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SYNAPOLIS_")}
-    env["TMPDIR"] = str(tmp_path)  # its temporary state directory lands here
+    env = clean_env(TMPDIR=str(tmp_path))  # its temporary state directory lands here
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "synapolis", "demo", "--keep", "--json"], capture_output=True,
                           text=True, env=env, timeout=120)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import clean_env, synapolis_cmd
 from synapolis import doctor, schemas
 from synapolis.harness import install as hook_install, settings as harness_settings
 
@@ -59,8 +60,7 @@ def trust_project(home, project):
 
 def good_setup(state_dir, project):
     """A state directory and a project with every harness wired up (hooks and MCP) and trusted."""
-    subprocess.run([sys.executable, "-m", "synapolis", "--state-dir", str(state_dir), "init"], check=True,
-                   capture_output=True, timeout=60)
+    subprocess.run(synapolis_cmd(state_dir, "init"), check=True, capture_output=True, timeout=60)
     trust_project(Path(os.environ["HOME"]), project)
     for harness in hook_install.HARNESSES:
         hook_install.install(harness, project, trust=harness == "codex")
@@ -73,11 +73,10 @@ def good_setup(state_dir, project):
 
 
 def run_cli(state_dir, project, bin_dir, home, *args):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SYNAPOLIS_")}
-    env["PATH"] = f"{bin_dir}{os.pathsep}{os.path.dirname(sys.executable)}{os.pathsep}/usr/bin:/bin"
+    env = clean_env(PATH=f"{bin_dir}{os.pathsep}{os.path.dirname(sys.executable)}{os.pathsep}/usr/bin:/bin")
     env["HOME"] = str(home)
-    return subprocess.run([sys.executable, "-m", "synapolis", "--state-dir", str(state_dir), "doctor",
-                           "--project-dir", str(project), *args], capture_output=True, text=True, env=env, timeout=60)
+    return subprocess.run(synapolis_cmd(state_dir, "doctor", "--project-dir", project, *args), capture_output=True,
+                          text=True, env=env, timeout=60)
 
 
 # -- the whole command -------------------------------------------------------------------------------
@@ -502,10 +501,10 @@ def test_a_bare_name_not_on_path_fails_in_the_whole_report(tmp_path, state_dir, 
         groups[-1]["hooks"][0]["command"] = "synapolis hook claude-code"
     settings.write_text(json.dumps(document))
     fake_crontab(bin_dir, f"7 * * * * /opt/synapolis/scripts/synapolis-watchdog {state_dir}")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SYNAPOLIS_")}
+    env = clean_env()
     env.update(PATH=f"{bin_dir}{os.pathsep}/usr/bin:/bin", HOME=str(home))
-    done = subprocess.run([sys.executable, "-m", "synapolis", "--state-dir", str(state_dir), "doctor",
-                           "--project-dir", str(project), "--json"], capture_output=True, text=True, env=env, timeout=60)
+    done = subprocess.run(synapolis_cmd(state_dir, "doctor", "--project-dir", project, "--json"), capture_output=True,
+                          text=True, env=env, timeout=60)
     report = json.loads(done.stdout)
     assert done.returncode == 1 and fails(report["findings"], "is not on PATH")
 

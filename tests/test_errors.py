@@ -1,4 +1,5 @@
-"""The error classes: exit codes that survive pickling, and no `except OSError` that swallows them."""
+"""The error classes: exit codes that survive pickling, and no broad `except` (OSError, ValueError) that
+swallows them."""
 
 import inspect
 import json
@@ -29,14 +30,18 @@ def test_every_error_class_round_trips_through_pickle(cls):
     assert vars(back) == vars(error)
 
 
-@pytest.mark.parametrize("cls", [errors.BusyError, errors.ForbiddenError, errors.StaleToken])
-def test_no_except_oserror_swallows_a_refusal_or_a_timeout(cls):
-    assert not issubclass(cls, OSError)
+# what synapolis/ catches broadly around file I/O and parsing (`except (OSError, ValueError)` and the like)
+BROAD = (OSError, ValueError, TypeError, KeyError, AttributeError, RuntimeError, ArithmeticError)
+
+
+@pytest.mark.parametrize("cls", ERROR_CLASSES, ids=lambda c: c.__name__)
+def test_no_broad_except_swallows_a_synapolis_error(cls):
+    assert not issubclass(cls, BROAD), [b.__name__ for b in BROAD if issubclass(cls, b)]
     with pytest.raises(cls):
         try:
             raise _example(cls)
-        except OSError:  # the guard around file I/O all over synapolis/
-            pytest.fail(f"{cls.__name__} was caught as an OSError")
+        except BROAD:  # the guards around file I/O and parsing all over synapolis/
+            pytest.fail(f"{cls.__name__} was caught by a broad except")
 
 
 def test_a_store_busy_under_the_clis_oserror_guard_still_exits_8(ws, cli):

@@ -11,7 +11,7 @@ from datetime import timedelta
 
 import pytest
 
-from conftest import NOW
+from conftest import NOW, wait_until
 from synapolis import escalation as esc
 from synapolis.atomic import atomic_write_json, read_jsonl
 from synapolis.config import Config, merge_defaults
@@ -343,19 +343,19 @@ def test_a_hanging_notifier_and_its_children_are_killed_at_the_time_limit(ws, tm
     assert "timed out" in result["events"][0]["notify"]["error"]
     assert incident(ws, "a")["status"] == "open"
     child = int(pidfile.read_text())
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        try:
-            os.kill(child, 0)
-        except ProcessLookupError:
-            break
+
+    def gone() -> bool:
         try:  # reap it if it became ours (it has not: it belongs to init once sh is gone)
             os.waitpid(child, os.WNOHANG)
         except ChildProcessError:
             pass
-        time.sleep(0.05)
-    else:
-        pytest.fail("the notifier's child survived the time limit")
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    wait_until(gone, 5, "the notifier's child to be killed with it")
 
 
 def test_on_alert_for_opened_and_raised_and_its_failure_is_recorded(ws):

@@ -4,12 +4,11 @@ never by a bare name on PATH, which on a fresh clone finds nothing (or someone e
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
 
-from conftest import console_script, heartbeat_doc, ago
+from conftest import ago, clean_env, console_script, heartbeat_doc
 
 TESTS = Path(__file__).resolve().parent
 # a console script as the first word of a command list (synapolis: followed by an option, as every test
@@ -32,8 +31,7 @@ def test_the_console_scripts_run_with_a_bare_system_path(state_dir):
     folder = state_dir / "heartbeats"
     folder.mkdir(parents=True)
     (folder / "a.json").write_text(json.dumps(heartbeat_doc("a", ago(5))))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SYNAPOLIS_")}
-    env["PATH"] = "/usr/bin:/bin"
+    env = clean_env(PATH="/usr/bin:/bin")
     valid = subprocess.run([console_script("validate-heartbeat"), "--state-dir", str(state_dir), "--json"],
                            capture_output=True, text=True, timeout=60, env=env)
     assert valid.returncode == 0, valid.stderr

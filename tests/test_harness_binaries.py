@@ -7,57 +7,39 @@ Claude Code, pointed at a stand-in for the Messages API, passes a hook's context
 10,000 UTF-16 code units and cuts it past that, and delivers synapolis's signals whole or not at all.
 
 Needs the binaries from npm (`@openai/codex`, `@google/gemini-cli`, `@anthropic-ai/claude-code`):
-$SYNAPOLIS_TEST_CODEX, $SYNAPOLIS_TEST_GEMINI and $SYNAPOLIS_TEST_CLAUDE, or `codex` / `gemini` /
-`claude` on PATH (.ci/setup.d/50-harnesses.sh installs the pinned versions in CI when npm is there);
-each test is skipped without its binary.
+$SYNAPOLIS_TEST_CODEX, $SYNAPOLIS_TEST_GEMINI and $SYNAPOLIS_TEST_CLAUDE, the pinned versions that
+.ci/setup.d/50-harnesses.sh installs under .ci/cache when npm is there, or `codex` / `gemini` / `claude`
+on PATH (conftest.harness_binary); each test is skipped without its binary.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from conftest import CodexAppServer, harness_binary
 from synapolis import doctor
 from synapolis.harness import install as hook_install, settings as harness_settings
 
-CODEX = os.environ.get("SYNAPOLIS_TEST_CODEX") or shutil.which("codex")
-GEMINI = os.environ.get("SYNAPOLIS_TEST_GEMINI") or shutil.which("gemini")
+CODEX = harness_binary("codex")
+GEMINI = harness_binary("gemini")
 needs_codex = pytest.mark.skipif(not CODEX, reason="no Codex binary (set SYNAPOLIS_TEST_CODEX or put codex on PATH)")
 needs_gemini = pytest.mark.skipif(not GEMINI, reason="no Gemini CLI (set SYNAPOLIS_TEST_GEMINI or put gemini on PATH)")
-CLAUDE = os.environ.get("SYNAPOLIS_TEST_CLAUDE") or shutil.which("claude")
+CLAUDE = harness_binary("claude")
 needs_claude = pytest.mark.skipif(not CLAUDE, reason="no Claude Code (set SYNAPOLIS_TEST_CLAUDE or put claude on PATH)")
 
 
 def codex_hooks_list(project, codex_home) -> dict:
     """Codex's own view of the project's hooks: one `hooks/list` over `codex app-server`'s JSON-RPC."""
-    env = {**os.environ, "CODEX_HOME": str(codex_home)}
-    proc = subprocess.Popen([CODEX, "app-server"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, cwd=project, env=env)
-    try:
-        def ask(request_id, method, params):
-            proc.stdin.write(json.dumps({"id": request_id, "method": method, "params": params}) + "\n")
-            proc.stdin.flush()
-            while True:
-                line = proc.stdout.readline()
-                assert line, "codex app-server closed its output"
-                message = json.loads(line)
-                if message.get("id") == request_id:
-                    return message
-
-        ask(1, "initialize", {"clientInfo": {"name": "synapolis-tests", "version": "0"}})
-        proc.stdin.write(json.dumps({"method": "initialized"}) + "\n")
-        listed = ask(2, "hooks/list", {"cwds": [str(project)]})
-        (entry,) = listed["result"]["data"]
-        return {h["key"]: h for h in entry["hooks"]}
-    finally:
-        proc.kill()
-        proc.wait(timeout=30)
+    with CodexAppServer(CODEX, codex_home, project) as codex:
+        listed = codex.ask("hooks/list", {"cwds": [str(project)]})
+    (entry,) = listed["result"]["data"]
+    return {h["key"]: h for h in entry["hooks"]}
 
 
 @needs_codex

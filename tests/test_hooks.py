@@ -17,7 +17,9 @@ import pytest
 
 from synapolis import actions
 from synapolis.harness import hooks, quiet
+from conftest import clean_env, configure, synapolis_cmd, wait_until
 from synapolis.identity import Who
+from synapolis.timeutil import utcnow
 from synapolis.workspace import Workspace
 
 CONV = "5f1b2c3d-aaaa-bbbb-cccc-0123456789ab"
@@ -75,16 +77,9 @@ def hws(state_dir):
     return Workspace.open(state_dir).ensure()
 
 
-def configure(ws, **values):
-    path = ws.paths.config
-    document = json.loads(path.read_text())
-    document.update(values)
-    path.write_text(json.dumps(document))
-    return Workspace.open(ws.root)
-
-
-def run(ws, harness, name, conversation=CONV):
-    result = hooks.handle(harness, json.dumps(event(harness, name, conversation)), state_dir=ws.root, env={})
+def run(ws, harness, name, conversation=CONV, now=None):
+    result = hooks.handle(harness, json.dumps(event(harness, name, conversation)), state_dir=ws.root, env={},
+                          now=now)
     assert result["problems"] == [], result["problems"]
     return result
 
@@ -190,15 +185,15 @@ def test_a_signal_is_delivered_once_in_the_harness_shape(hws, harness):
 
 
 def test_unacked_signals_are_offered_again_at_most_three_times(hws):
-    ws = configure(hws, redeliver_after_s=0.001)
-    me = run(ws, "claude-code", "SessionStart")["agent_id"]
-    signal = sender(ws)(me, "are you there?")
-    offered = []
-    for _ in range(5):
-        time.sleep(0.005)  # past redeliver_after_s (1 ms): the delay itself is what is tested
-        offered.append(run(ws, "claude-code", "PostToolUse")["delivered"])
+    wait = hws.config.redeliver_after_s
+    me = run(hws, "claude-code", "SessionStart")["agent_id"]
+    signal = sender(hws)(me, "are you there?")
+    start = utcnow()
+    # each hook call redeliver_after_s after the one before: the delay itself is what is tested
+    offered = [run(hws, "claude-code", "PostToolUse", now=start + timedelta(seconds=i * wait))["delivered"]
+               for i in range(5)]
     assert offered == [[signal["id"]]] * 3 + [[], []]
-    assert deliveries(ws, me) == [(signal["id"], "hook", 3)]
+    assert deliveries(hws, me) == [(signal["id"], "hook", 3)]
 
 
 def test_not_offered_again_before_redeliver_after_s(hws):
@@ -209,14 +204,14 @@ def test_not_offered_again_before_redeliver_after_s(hws):
 
 
 def test_an_acked_signal_is_never_offered_again(hws):
-    ws = configure(hws, redeliver_after_s=0.001)
-    me = run(ws, "claude-code", "SessionStart")["agent_id"]
-    signal = sender(ws)(me, "handled soon")
-    assert run(ws, "claude-code", "PostToolUse")["delivered"] == [signal["id"]]
-    actions.ack_signals(ws, Who(me), [signal["id"][:10]], env={})
-    for _ in range(3):
-        time.sleep(0.005)
-        assert run(ws, "claude-code", "PostToolUse")["delivered"] == []
+    wait = hws.config.redeliver_after_s
+    me = run(hws, "claude-code", "SessionStart")["agent_id"]
+    signal = sender(hws)(me, "handled soon")
+    start = utcnow()
+    assert run(hws, "claude-code", "PostToolUse", now=start)["delivered"] == [signal["id"]]
+    actions.ack_signals(hws, Who(me), [signal["id"][:10]], env={}, now=start)
+    for i in range(1, 4):  # each call past redeliver_after_s: it would be offered again if it were unread
+        assert run(hws, "claude-code", "PostToolUse", now=start + timedelta(seconds=i * wait))["delivered"] == []
 
 
 def test_output_stays_under_the_cap_and_never_cuts_a_signal(hws):
@@ -323,10 +318,7 @@ def store_locked(ws, session: str, tmp_path):
     ready = tmp_path / "locked"
     locker = subprocess.Popen([sys.executable, "-c", LOCKER, str(ws.paths.session_db(session)), str(ready)])
     try:
-        deadline = time.monotonic() + 20
-        while not ready.exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert ready.exists()
+        wait_until(ready.exists, 20, "the child to take the lock")
         yield
     finally:
         locker.kill()
@@ -359,10 +351,7 @@ def test_a_lock_that_never_comes_free_hits_the_deadline_not_the_harness(cli, hws
     holder = subprocess.Popen([sys.executable, "-c", HEARTBEAT_LOCKER,
                                str(hws.paths.lock(f"heartbeat.{me}")), str(ready)])
     try:
-        deadline = time.monotonic() + 20
-        while not ready.exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert ready.exists()
+        wait_until(ready.exists, 20, "the child to take the lock")
         done, took = _hook(cli, "claude-code", json.dumps(event("claude-code", "PostToolUse")),
                            env={"SYNAPOLIS_HOOK_TIMEOUT_S": "1.5"})
         assert done.returncode == 0 and json.loads(done.stdout) == {}
@@ -373,9 +362,8 @@ def test_a_lock_that_never_comes_free_hits_the_deadline_not_the_harness(cli, hws
 
 
 def test_stdin_that_never_closes_hits_the_deadline(state_dir):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SYNAPOLIS_")}
-    env["SYNAPOLIS_HOOK_TIMEOUT_S"] = "1"
-    proc = subprocess.Popen([sys.executable, "-m", "synapolis", "--state-dir", str(state_dir), "hook", "codex"],
+    env = clean_env(SYNAPOLIS_HOOK_TIMEOUT_S="1")
+    proc = subprocess.Popen(synapolis_cmd(state_dir, "hook", "codex"),
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     try:
         proc.stdin.write(b'{"session_id": "s", ')  # and never the rest, nor EOF
@@ -430,8 +418,7 @@ def _writes_fail(folder) -> bool:
 def test_state_dir_that_is_a_file_exits_0(tmp_path):
     blocker = tmp_path / "state-file"
     blocker.write_text("not a directory")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SYNAPOLIS_")}
-    env["SYNAPOLIS_STATE_DIR"] = str(blocker)
+    env = clean_env(SYNAPOLIS_STATE_DIR=str(blocker))
     done = subprocess.run([sys.executable, "-m", "synapolis", "hook", "gemini-cli"], capture_output=True, text=True,
                           input=json.dumps(event("gemini-cli", "BeforeAgent")), env=env, timeout=30)
     assert done.returncode == 0 and json.loads(done.stdout) == {} and "not a directory" in done.stderr

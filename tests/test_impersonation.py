@@ -39,7 +39,6 @@ READING = {
     "read-notes": lambda ws, who: actions.read_notes(ws, who, session_id=who.session_id, env={}, now=NOW),
     "whiteboard-read": lambda ws, who: actions.whiteboard_read(ws, who, session_id=who.session_id, env={},
                                                                now=NOW),
-    "claims": lambda ws, who: actions.list_claims(ws, who, env={}, now=NOW),
 }
 RESERVED = ["synapolis", "synapolis.watchdog", "Synapolis.Watchdog", "SYNAPOLIS.x.y", "synapolis.monitor"]
 
@@ -325,6 +324,6 @@ def test_reserved_is_exactly_synapolis_and_below():
 def test_a_planted_identity_file_naming_the_system_reads_as_nobody(ws):
     ws.paths.identity.write_text(json.dumps({"agent_id": "synapolis.watchdog", "session_id": "s1",
                                              "run_token": "x"}))
-    assert actions.list_claims(ws, env={}, now=utcnow())["claims"] == []
+    assert actions.list_agents(ws, env={}, now=utcnow())["agents"] == []
     with pytest.raises(ForbiddenError, match="reserved"):
         actions.beat(ws, env={})

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import clean_env
 import pytest
 
 CLIENTS = Path(__file__).parent / "clients"
@@ -28,7 +29,7 @@ def _node() -> str:
 
 
 def _check(*args) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SYNAPOLIS_")}
+    env = clean_env()
     done = subprocess.run([_node(), "check.mjs", *map(str, args)], cwd=CLIENTS, capture_output=True, text=True,
                           timeout=180, env=env)
     assert done.returncode == 0, done.stderr + done.stdout

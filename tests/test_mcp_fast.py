@@ -8,7 +8,6 @@ import json
 import os
 import sqlite3
 import subprocess
-import sys
 import time
 from datetime import timedelta
 
@@ -20,7 +19,7 @@ from synapolis.identity import Who
 from synapolis.mcp.live import LongLived
 from synapolis.timeutil import format_ts
 
-from conftest import NOW
+from conftest import clean_env, NOW, synapolis_cmd
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -311,9 +310,9 @@ def test_stdio_that_is_not_a_pipe_is_served_by_the_sdk(state_dir, tmp_path):
          "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}})
         + "\n")
     answers = tmp_path / "answers.jsonl"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SYNAPOLIS_")}
+    env = clean_env()
     with open(requests) as stdin, open(answers, "w") as stdout:
-        done = subprocess.run([sys.executable, "-m", "synapolis", "--state-dir", str(state_dir), "mcp"],
+        done = subprocess.run(synapolis_cmd(state_dir, "mcp"),
                               stdin=stdin, stdout=stdout, stderr=subprocess.PIPE, text=True, env=env, timeout=60)
     assert done.returncode == 0, done.stderr
     replies = {m.get("id"): m for m in map(json.loads, answers.read_text().splitlines())}

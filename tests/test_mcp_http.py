@@ -360,3 +360,28 @@ def test_tls_with_certfile_and_keyfile(state_dir, cli, tmp_path):
         proc.terminate()
         proc.wait(timeout=10)
     assert not any("warning" in line for line in proc.said)  # TLS on loopback: nothing to warn about
+
+
+@pytest.mark.parametrize("plain", [False, True], ids=["as-installed", "plain-stack"])
+def test_serve_runs_on_httptools_and_uvloop_where_installed_and_on_h11_and_asyncio_when_told(state_dir, cli, plain):
+    """The HTTP parser and event loop serve picks (the `serve` extra's when installed), and SYNAPOLIS_SERVE_PLAIN=1
+    for uvicorn's and Python's own: either way, the server says which it runs on and serves a tool call."""
+    from importlib.util import find_spec
+
+    from synapolis.web.serve import PLAIN_ENV
+
+    token = json.loads(cli("tokens", "create", "stack", "--json").stdout)["token"]
+    proc, url = start_server(state_dir, env={PLAIN_ENV: "1"} if plain else None)
+    try:
+        async def main():
+            async with mcp_http_client(url, token, LEGACY) as c:
+                assert (await ok(c, "start_session", agent_id="stacked"))["agent_id"] == "stacked"
+
+        run(main)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    listening = next(line for line in proc.said if "listening on" in line)
+    fast = not plain and find_spec("httptools") is not None
+    assert ("; httptools" in listening) == fast and ("; h11" in listening) == (not fast)
+    assert ("uvloop" in listening) == (not plain and find_spec("uvloop") is not None)

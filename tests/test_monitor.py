@@ -14,7 +14,7 @@ from datetime import timedelta
 
 import pytest
 
-from conftest import NOW, ago, heartbeat_doc
+from conftest import ago, clean_env, heartbeat_doc, NOW, synapolis_cmd
 from synapolis import monitor as mon
 from synapolis.heartbeat import read_heartbeat
 from synapolis.schemas import validation_errors
@@ -237,9 +237,9 @@ def test_watch_monitor_reacts_to_a_beat(ws, put_heartbeat):
 
 
 def test_cli_watch_until_interrupted(state_dir, put_heartbeat):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SYNAPOLIS_")}
-    proc = subprocess.Popen([sys.executable, "-m", "synapolis", "--state-dir", str(state_dir), "monitor", "--watch",
-                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    env = clean_env()
+    proc = subprocess.Popen(synapolis_cmd(state_dir, "monitor", "--watch", "--json"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
     try:

@@ -16,20 +16,16 @@ from synapolis.errors import UsageError
 from synapolis.identity import Who
 from synapolis.schemas import validation_errors
 
-from conftest import console_script
+from conftest import clean_env, console_script, synapolis_cmd
 
 DEEP = "[" * 100_000  # json nests past the interpreter's stack: RecursionError, not JSONDecodeError
-
-
-def _env() -> dict:
-    return {k: v for k, v in os.environ.items() if not k.startswith("SYNAPOLIS_")}
 
 
 def raw_cli(state_dir, *args, input=None, stdin=None, timeout=60):
     """The CLI with arguments that may be bytes (not UTF-8), as a shell would pass them."""
     cmd = [sys.executable.encode(), b"-m", b"synapolis", b"--state-dir", os.fsencode(str(state_dir)),
            *[a if isinstance(a, bytes) else a.encode() for a in args]]
-    return subprocess.run(cmd, input=input, stdin=stdin, capture_output=True, timeout=timeout, env=_env())
+    return subprocess.run(cmd, input=input, stdin=stdin, capture_output=True, timeout=timeout, env=clean_env())
 
 
 def refused(result, code: int = 2, type_name: str = "UsageError") -> str:
@@ -217,8 +213,8 @@ def test_a_closed_stdin_or_stdout_is_no_crash(state_dir, pair):
     session, alice = pair
 
     def run_closed(fd, *args):
-        cmd = [sys.executable, "-m", "synapolis", "--state-dir", str(state_dir), *args]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=_env(),
+        cmd = synapolis_cmd(state_dir, *args)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=clean_env(),
                               preexec_fn=lambda: os.close(fd))
 
     assert "note is empty" in refused(run_closed(0, "note", "-", *alice))
@@ -247,7 +243,7 @@ def test_the_library_refuses_lone_surrogates_before_writing(ws, start_agent):
 def test_an_explicit_empty_state_dir_is_a_usage_error(tmp_path):
     for cmd in ([sys.executable, "-m", "synapolis", "--state-dir", "", "init"],
                 [console_script("validate-heartbeat"), "--state-dir", ""]):
-        out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=60, env=_env())
+        out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=60, env=clean_env())
         assert "must not be empty" in refused(out)
     assert list(tmp_path.iterdir()) == []  # no ./state was made behind the user's back
 
@@ -318,7 +314,7 @@ def test_a_deeply_nested_config_is_a_usage_error_everywhere(state_dir, cli):
     for args in (["beat", "--agent-id", "a"], ["monitor"], ["claims"], ["status", "--json"]):
         assert "nested too deeply" in refused(cli(*args))
     out = subprocess.run([console_script("validate-heartbeat"), "--state-dir", str(state_dir)],
-                         capture_output=True, text=True, timeout=60, env=_env())
+                         capture_output=True, text=True, timeout=60, env=clean_env())
     refused(out)
     doctor = cli("doctor", "--json")
     assert doctor.returncode == 1 and "Traceback" not in doctor.stderr
@@ -375,8 +371,8 @@ def test_a_hook_deadline_from_the_environment_is_sane(value):
 
 
 def test_a_hook_with_an_infinite_deadline_still_answers_without_a_traceback(state_dir):
-    env = {**_env(), "SYNAPOLIS_HOOK_TIMEOUT_S": "1e400"}
-    out = subprocess.run([sys.executable, "-m", "synapolis", "--state-dir", str(state_dir), "hook", "claude-code"],
+    env = clean_env(SYNAPOLIS_HOOK_TIMEOUT_S="1e400")
+    out = subprocess.run(synapolis_cmd(state_dir, "hook", "claude-code"),
                          input=json.dumps({"session_id": "c1", "hook_event_name": "PostToolUse"}),
                          capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0 and json.loads(out.stdout) is not None

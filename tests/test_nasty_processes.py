@@ -13,17 +13,13 @@ import time
 
 import pytest
 
-from conftest import Holder
+from conftest import clean_env, Holder, synapolis_cmd
 from synapolis import actions, atomic, heartbeat
 from synapolis.errors import BusyError
 
 from conftest import console_script
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="flock, FIFOs and SIGKILL are POSIX")
-
-
-def _env() -> dict:
-    return {k: v for k, v in os.environ.items() if not k.startswith("SYNAPOLIS_")}
 
 
 def timed(cli, *args, **kw):
@@ -52,9 +48,9 @@ def test_every_verb_on_a_locked_store_is_exit_8_and_hooks_exit_0(ws, cli, sessio
             assert out.returncode == 8, (args, out.stderr)
             assert json.loads(out.stdout)["error"]["type"] == "BusyError" and "Traceback" not in out.stderr
             assert took < 15, args  # busy_timeout_ms=300 plus process start-up; never a hang
-        hook = subprocess.run([sys.executable, "-m", "synapolis", "--state-dir", str(ws.root), "hook", "claude-code"],
+        hook = subprocess.run(synapolis_cmd(ws.root, "hook", "claude-code"),
                               input=json.dumps({"session_id": "conv", "hook_event_name": "UserPromptSubmit"}),
-                              capture_output=True, text=True, timeout=60, env=_env())
+                              capture_output=True, text=True, timeout=60, env=clean_env())
         assert hook.returncode == 0 and json.loads(hook.stdout) == {} and "locked" in hook.stderr
     # (claim and release are done outside the store and succeed: tests/test_integrity.py)
     # nothing was half-done: the claim is still alice's, the store answers again
@@ -142,7 +138,7 @@ def test_writers_killed_mid_write_leave_nothing_a_later_verb_chokes_on(ws, cli, 
     rng = random.Random(7)
     for _ in range(5):
         writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(ws.root), session], stdout=subprocess.PIPE,
-                                  text=True, env=_env())
+                                  text=True, env=clean_env())
         assert writer.stdout.readline().strip() == "writing"
         time.sleep(rng.uniform(0.05, 0.6))
         writer.send_signal(signal.SIGKILL)
@@ -154,7 +150,7 @@ def test_writers_killed_mid_write_leave_nothing_a_later_verb_chokes_on(ws, cli, 
         assert out.returncode == 0, (args, out.stderr)
         json.loads(out.stdout)
     valid = subprocess.run([console_script("validate-heartbeat"), "--state-dir", str(ws.root), "--json"],
-                           capture_output=True, text=True, timeout=60, env=_env())
+                           capture_output=True, text=True, timeout=60, env=clean_env())
     assert valid.returncode == 0, valid.stdout
     seqs = [n["seq"] for n in json.loads(cli("read-notes", "--limit", "1000", "--json").stdout)["notes"]]
     assert seqs == sorted(set(seqs))  # a torn tail never made two notes share a seq

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 import threading
 import time
 
-from conftest import NOW, ago
+from conftest import ago, clean_env, NOW, synapolis_cmd, wait_until
 
 from synapolis import actions, claims, escalation, monitor, overview
 from synapolis.identity import Who
@@ -110,26 +108,19 @@ def test_cli_json_and_text_are_plain_on_a_pipe(cli, ws, put_heartbeat):
 
 def test_watch_redraws_when_the_state_directory_changes(state_dir):
     ws = Workspace.open(state_dir).ensure()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SYNAPOLIS_")}
-    proc = subprocess.Popen([sys.executable, "-m", "synapolis", "--state-dir", str(state_dir), "status", "--watch",
-                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(synapolis_cmd(state_dir, "status", "--watch", "--json"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=clean_env())
     lines = []
     reader = threading.Thread(target=lambda: [lines.append(json.loads(line)) for line in proc.stdout], daemon=True)
     reader.start()
     try:
-        deadline = time.monotonic() + 20
-        while not lines and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert lines and lines[0]["agents"] == []
-        time.sleep(1.0)
-        quiet = len(lines)
-        assert quiet == 1  # reading the state does not itself cause redraws
+        wait_until(lambda: lines, 20, "the first frame")
+        assert lines[0]["agents"] == []
+        time.sleep(1.0)  # a window with no change: what a redraw loop feeding itself would fill
+        assert len(lines) == 1  # reading the state does not itself cause redraws
         actions.beat(ws, Who("zoe"), env={}, task="just arrived")
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and not any(
-                a["agent_id"] == "zoe" for frame in lines for a in frame["agents"]):
-            time.sleep(0.05)
-        assert any(a["agent_id"] == "zoe" for frame in lines for a in frame["agents"])
+        wait_until(lambda: any(a["agent_id"] == "zoe" for frame in lines for a in frame["agents"]), 15,
+                   "a frame with zoe")
     finally:
         proc.terminate()
         proc.wait(timeout=10)

@@ -11,13 +11,12 @@ import pwd
 import sqlite3
 import stat
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from conftest import NOW, WAL_OUTLIVES_CLOSE, _cli_env
+from conftest import clean_env, NOW, WAL_OUTLIVES_CLOSE, synapolis_cmd
 from synapolis import actions
 from synapolis.errors import ForbiddenError
 from synapolis.identity import Who, hash_token
@@ -30,8 +29,8 @@ CONVERSATION = "7d1c0a52-aaaa-bbbb-cccc-0123456789ab"
 
 def synapolis(state_dir, *args, umask=0o022, input=None, env=None):
     """The CLI as a real process with the given umask; its CompletedProcess (exit 0 required)."""
-    out = subprocess.run([sys.executable, "-m", "synapolis", "--state-dir", str(state_dir), *map(str, args)],
-                         input=input, capture_output=True, text=True, timeout=60, env=_cli_env(env), umask=umask)
+    out = subprocess.run(synapolis_cmd(state_dir, *args),
+                         input=input, capture_output=True, text=True, timeout=60, env=clean_env(env), umask=umask)
     assert out.returncode == 0, (args, out.stdout, out.stderr)
     return out
 

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from conftest import NOW
+from conftest import clean_env, NOW
 from synapolis import actions
 from synapolis.errors import ForbiddenError, NotFoundError, RateLimitedError, UsageError
 from synapolis.identity import Who
@@ -320,12 +320,11 @@ def test_cli_signal_exit_codes(cli, state_dir):
 
 def test_cli_signal_path_imports_nothing_heavy(cli, state_dir):
     """Start-up cost: the verbs a harness runs on every tool call load none of the heavy libraries."""
-    import os
     import subprocess
     import sys
 
     assert cli("start", "--agent-id", "alice").returncode == 0
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SYNAPOLIS_")}
+    env = clean_env()
     for verb in (["signal", "alice", "note to self"], ["read-signals"], ["beat"], ["signals-pending"]):
         out = subprocess.run([sys.executable, "-X", "importtime", "-m", "synapolis", "--state-dir", str(state_dir),
                               *verb, "--agent-id", "alice"], capture_output=True, text=True, env=env, timeout=60)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import signal as signals_module
 import sqlite3
 import subprocess
@@ -13,6 +12,7 @@ import time
 
 import pytest
 
+from conftest import clean_env, synapolis_cmd, wait_until
 from synapolis import actions
 from synapolis.timeutil import utcnow
 from synapolis.identity import Who
@@ -27,14 +27,6 @@ def _set_config(state_dir, **values):
     doc = json.loads(path.read_text())
     doc.update(values)
     path.write_text(json.dumps(doc))
-
-
-def _cli_cmd(state_dir, *args):
-    return [sys.executable, "-m", "synapolis", "--state-dir", str(state_dir), *args]
-
-
-def _env():
-    return {k: v for k, v in os.environ.items() if not k.startswith("SYNAPOLIS_")}
 
 
 def _send_many(state_dir, session_id, agent_id, count, barrier, errors):
@@ -104,18 +96,17 @@ def test_sigkill_mid_send_leaves_a_sound_store(ws, start_agent, db_rows, tmp_pat
     log = tmp_path / "sent.log"
     log.touch()
     # a library sender in a loop, killed at an arbitrary point of its work
-    proc = subprocess.Popen([sys.executable, "-c", _LOOP_SENDER, str(ws.root), sid, str(log)], env=_env())
-    deadline = time.monotonic() + 30
-    while len(log.read_text().splitlines()) < 40 and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.02)
+    proc = subprocess.Popen([sys.executable, "-c", _LOOP_SENDER, str(ws.root), sid, str(log)], env=clean_env())
+    wait_until(lambda: len(log.read_text().splitlines()) >= 40 or proc.poll() is not None, 30,
+               "the sender to log 40 signals")
     proc.send_signal(signals_module.SIGKILL)
     proc.wait(timeout=10)
     logged = [line for line in log.read_text().splitlines() if len(line) == 64]
     assert len(logged) >= 40
     # CLI senders, some killed mid-flight: every one that exited 0 must be stored
-    popen = [subprocess.Popen(_cli_cmd(ws.root, "signal", "sink", f"cli {n} " + "q" * 30000, "--agent-id", "killer",
+    popen = [subprocess.Popen(synapolis_cmd(ws.root, "signal", "sink", f"cli {n} " + "q" * 30000, "--agent-id", "killer",
                                        "--session-id", sid, "--json"),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
              for n in range(8)]
     for n, p in enumerate(popen):
         if n % 2:
@@ -135,8 +126,8 @@ def test_sigkill_mid_send_leaves_a_sound_store(ws, start_agent, db_rows, tmp_pat
         conn.close()
     assert set(logged) <= stored and set(confirmed) <= stored
     # and the store still works for everyone
-    out = subprocess.run(_cli_cmd(ws.root, "read-signals", "--agent-id", "sink", "--limit", "1", "--json"),
-                         capture_output=True, text=True, env=_env(), timeout=60)
+    out = subprocess.run(synapolis_cmd(ws.root, "read-signals", "--agent-id", "sink", "--limit", "1", "--json"),
+                         capture_output=True, text=True, env=clean_env(), timeout=60)
     assert out.returncode == 0 and len(json.loads(out.stdout)["signals"]) == 1
 
 
@@ -158,13 +149,13 @@ def test_a_locked_store_is_exit_8_within_the_busy_timeout(ws, start_agent):
     sid = start_agent("alice", now=utcnow())["session_id"]
     start_agent("bob", now=utcnow())
     holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(ws.paths.session_db(sid))],
-                              stdout=subprocess.PIPE, text=True, env=_env())
+                              stdout=subprocess.PIPE, text=True, env=clean_env())
     try:
         assert holder.stdout.readline().strip() == "holding"
         for args in (["signal", "bob", "x", "--agent-id", "alice"], ["ack-signals", "--all", "--agent-id", "bob"],
                      ["start", "--agent-id", "carol"]):
             began = time.monotonic()
-            out = subprocess.run(_cli_cmd(ws.root, *args, "--json"), capture_output=True, text=True, env=_env(),
+            out = subprocess.run(synapolis_cmd(ws.root, *args, "--json"), capture_output=True, text=True, env=clean_env(),
                                  timeout=30)
             took = time.monotonic() - began
             assert out.returncode == 8, (args, out.stderr)
@@ -172,14 +163,14 @@ def test_a_locked_store_is_exit_8_within_the_busy_timeout(ws, start_agent):
             assert "Traceback" not in out.stderr and "busy_timeout_ms=300" in out.stderr
             assert took < 10  # never a hang (process start-up included)
         # WAL readers are not blocked by the writer
-        listed = subprocess.run(_cli_cmd(ws.root, "list-agents", "--session-id", sid, "--json", "--no-piggyback"),
-                                capture_output=True, text=True, env=_env(), timeout=30)
+        listed = subprocess.run(synapolis_cmd(ws.root, "list-agents", "--session-id", sid, "--json", "--no-piggyback"),
+                                capture_output=True, text=True, env=clean_env(), timeout=30)
         assert listed.returncode == 0 and len(json.loads(listed.stdout)["agents"]) == 2
     finally:
         holder.kill()
         holder.wait(timeout=10)
-    ok = subprocess.run(_cli_cmd(ws.root, "signal", "bob", "x", "--agent-id", "alice"), capture_output=True,
-                        env=_env(), timeout=30)
+    ok = subprocess.run(synapolis_cmd(ws.root, "signal", "bob", "x", "--agent-id", "alice"), capture_output=True,
+                        env=clean_env(), timeout=30)
     assert ok.returncode == 0
 
 
@@ -210,13 +201,13 @@ def test_follow_streams_new_signals(ws, start_agent, db_rows):
     sid = start_agent("alice")["session_id"]
     start_agent("bob")
     actions.signal(ws, Who("alice", sid), "bob", "before", env={})
-    follower = subprocess.Popen(_cli_cmd(ws.root, "read-signals", "--follow", "--json", "--agent-id", "bob"),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    follower = subprocess.Popen(synapolis_cmd(ws.root, "read-signals", "--follow", "--json", "--agent-id", "bob"),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
     try:
         lines = _Lines(follower.stdout)
         first = json.loads(lines.next(30))
         assert first["content"] == "before"
-        time.sleep(0.3)  # let the observer start watching (an event before it would wait for the safety re-check)
+        # watching started before the first line was printed (follow_signals): no wait for the observer
         began = time.monotonic()
         actions.signal(ws, Who("alice", sid), "bob", "during", env={})
         actions.signal(ws, Who("alice", sid), "*", "to all", env={})
@@ -237,8 +228,8 @@ def test_follow_streams_new_signals(ws, start_agent, db_rows):
 
 
 def test_concurrent_first_starts_share_one_session(ws):
-    procs = [subprocess.Popen(_cli_cmd(ws.root, "start", "--agent-id", f"agent{i}", "--json"), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=_env()) for i in range(4)]
+    procs = [subprocess.Popen(synapolis_cmd(ws.root, "start", "--agent-id", f"agent{i}", "--json"), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=clean_env()) for i in range(4)]
     sessions = set()
     for p in procs:
         out, err = p.communicate(timeout=60)

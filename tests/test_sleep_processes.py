@@ -8,12 +8,12 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from conftest import clean_env, synapolis_cmd
 from synapolis import actions
 from synapolis.atomic import read_json, read_jsonl
 from synapolis.workspace import Workspace
@@ -104,9 +104,9 @@ def test_five_processes_tired_at_once_exactly_one_consolidates(tmp_path, round_)
 def test_five_cli_processes_tired_at_once(tmp_path):
     state_dir = tmp_path / "state"
     _ws, sid = setup_session(state_dir)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SYNAPOLIS_")}
-    procs = [subprocess.Popen([sys.executable, "-m", "synapolis", "--state-dir", str(state_dir), "tired",
-                               "--agent-id", agent, "--session-id", sid, "--memories", "-", "--json"],
+    env = clean_env()
+    procs = [subprocess.Popen(synapolis_cmd(state_dir, "tired", "--agent-id", agent, "--session-id", sid,
+                                            "--memories", "-", "--json"),
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
              for agent in AGENTS]
     answers = {}
@@ -157,9 +157,9 @@ def test_crash_between_ledger_append_and_commit_then_retry(tmp_path):
     assert read_json(state_dir / "sessions" / sid / "session.json")["status"] == "active"
 
     # bob's retry (a fresh process) merges the same memories: the ledger skips all it holds
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SYNAPOLIS_")}
-    out = subprocess.run([sys.executable, "-m", "synapolis", "--state-dir", str(state_dir), "tired", "--agent-id",
-                          "bob", "--session-id", sid, "--memories", "-", "--json"],
+    env = clean_env()
+    out = subprocess.run(synapolis_cmd(state_dir, "tired", "--agent-id", "bob", "--session-id", sid,
+                                       "--memories", "-", "--json"),
                          input='["last words", "The build uses Make"]', capture_output=True, text=True, env=env,
                          timeout=60)
     assert out.returncode == 0, out.stderr
@@ -189,9 +189,9 @@ def test_locked_store_is_busy_exit_8_and_stages_nothing(tmp_path):
     holder.start()
     try:
         assert holding.wait(30)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SYNAPOLIS_")}
-        out = subprocess.run([sys.executable, "-m", "synapolis", "--state-dir", str(state_dir), "tired",
-                              "--agent-id", "alice", "--session-id", sid, "--memories", "-", "--json"],
+        env = clean_env()
+        out = subprocess.run(synapolis_cmd(state_dir, "tired", "--agent-id", "alice", "--session-id", sid,
+                                           "--memories", "-", "--json"),
                              input='["kept for later"]', capture_output=True, text=True, env=env, timeout=60)
         assert out.returncode == 8, out.stderr
         assert json.loads(out.stdout)["error"]["type"] == "BusyError"

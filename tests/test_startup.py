@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import clean_env
 from synapolis import actions
 from synapolis.harness.hooks import agent_id_for
 from synapolis.identity import Who
@@ -36,7 +37,7 @@ CLEAN_PATH = os.pathsep.join([str(Path(__file__).resolve().parents[1]), *site.ge
 
 
 def _env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SYNAPOLIS_")}
+    env = clean_env()
     env.update(PYTHONPATH=CLEAN_PATH, **extra)
     return env
 

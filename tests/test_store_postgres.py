@@ -22,7 +22,7 @@ from synapolis.errors import BusyError
 from synapolis.identity import Who
 from synapolis.workspace import Workspace
 
-from conftest import PG_SCRIPT, _cli_env, no_postgres, store_rows, use_store
+from conftest import PG_SCRIPT, clean_env, no_postgres, store_rows, use_store
 
 FAST = {"rate_limit_per_min": 100000}
 
@@ -44,7 +44,7 @@ def machines(tmp_path, pg_url):
 
 def run_cli(ws, *args, input=None, env=None, timeout=60):
     cmd = [sys.executable, "-m", "synapolis", "--state-dir", str(ws.root), *map(str, args)]
-    return subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout, env=_cli_env(env))
+    return subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout, env=clean_env(env))
 
 
 def test_cross_machine_signals_are_delivered_exactly_once(machines):
@@ -325,7 +325,7 @@ def test_schema_created_by_four_processes_at_once(pg_url, tmp_path):
     dirs = [use_store(tmp_path / f"m{i}", pg_url) for i in range(4)]
     procs = [subprocess.Popen([sys.executable, "-m", "synapolis", "--state-dir", str(ws.root), "start", "--agent-id",
                                f"a{i}", "--session-id", "s1", "--json"], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=_cli_env()) for i, ws in enumerate(dirs)]
+                              stderr=subprocess.PIPE, text=True, env=clean_env()) for i, ws in enumerate(dirs)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0, 0, 0], [o[1][-300:] for o in outs]
     created = [json.loads(o[0])["created_session"] for o in outs]
@@ -423,7 +423,7 @@ def test_postgres_url_without_the_driver_is_exit_2_with_the_install_command(tmp_
     ws = use_store(tmp_path / "state", "postgresql://u:pw@127.0.0.1:1/db")
     code = ("import sys; sys.modules['psycopg'] = None; from synapolis.cli import main; "
             f"sys.argv = ['synapolis', '--state-dir', {str(ws.root)!r}, 'start', '--agent-id', 'alice']; main()")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=_cli_env())
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=clean_env())
     assert out.returncode == 2
     assert 'pip install "synapolis[postgres]"' in out.stderr and "Traceback" not in out.stderr
 

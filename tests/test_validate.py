@@ -9,14 +9,14 @@ import sys
 
 import pytest
 
-from conftest import console_script, heartbeat_doc
+from conftest import clean_env, console_script, heartbeat_doc
 
 GOOD = heartbeat_doc("good", "2030-01-01T00:00:00Z")
 
 
 def run_validate(*args, cwd=None, env=None):
     # the console script is what users run; it must work with the state dir given or found
-    base = {k: v for k, v in os.environ.items() if not k.startswith("SYNAPOLIS_")}
+    base = clean_env()
     base.update(env or {})
     code = "import sys; from synapolis.cli import validate_heartbeat_main; validate_heartbeat_main(sys.argv[1:])"
     return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ago
+from conftest import ago, clean_env
 from synapolis import claims
 from synapolis import watchdog as wd
 from synapolis.timeutil import utcnow
@@ -163,7 +163,7 @@ def test_cli_watchdog_state_dir_that_is_a_file(cli, tmp_path):
 # ---- the cron wrapper and the crontab line
 
 def run_wrapper(*args, env=None):
-    base = {k: v for k, v in os.environ.items() if not k.startswith("SYNAPOLIS_")}
+    base = clean_env()
     base["SYNAPOLIS_BIN"] = str(Path(sys.executable).parent / "synapolis")
     if not Path(base["SYNAPOLIS_BIN"]).exists():
         base.pop("SYNAPOLIS_BIN")

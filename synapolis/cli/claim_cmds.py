@@ -6,7 +6,7 @@ import click
 
 from .. import actions
 from .. import claims as cl
-from ..timeutil import utcnow
+from ..store import clock
 from .common import agent_options, ago, emit, json_option, pass_workspace, table, with_pending
 
 
@@ -71,10 +71,8 @@ def claims_cmd(ws, only_held, as_json):
 
     Example: synapolis claims --held
     """
-    now = utcnow()
-    entries = cl.list_claims(ws, now)
-    if only_held:
-        entries = [e for e in entries if e["state"] == "held"]
+    now = clock(ws)
+    entries = cl.list_claims(ws, now, held_only=only_held)
 
     def text(data):
         if not data["claims"]:
@@ -103,7 +101,7 @@ def claim_check_cmd(ws, item, token, as_json):
 
     Example: synapolis claim-check src/api/users.py --token 4 && apply-the-write
     """
-    record = cl.check(ws, item, token)
-    emit(as_json, {"claim": record, "live": True},
-         lambda d: f"ok: token {token} is live for {item} (held by {record['claimed_by']}, "
-                   f"expires {ago(record['expires_at'])})")
+    data = actions.claim_check(ws, None, item, token)
+    record = data["claim"]
+    emit(as_json, data, lambda d: f"ok: token {token} is live for {item} (held by {record['claimed_by']}, "
+                                  f"expires {ago(record['expires_at'])})")

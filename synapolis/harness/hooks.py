@@ -247,7 +247,7 @@ def _text_field(value, limit: int) -> str | None:
     return value.encode("utf-8", "backslashreplace").decode("utf-8")[:limit]
 
 
-def _register(ws, harness, key, conversation, event, env, problems, *, refresh: bool) -> dict:
+def _register(ws, harness, key, conversation, event, env, problems, *, refresh: bool, now=None) -> dict:
     """Make this conversation a registered agent and remember it in hooks/<key>.json; the state.
 
     Under a lock of its own, so the hooks of one conversation that fire together register once. With
@@ -283,7 +283,7 @@ def _register(ws, harness, key, conversation, event, env, problems, *, refresh: 
             try:
                 started = actions.start(ws, agent_id=agent_id, session_id=session_id, harness=harness,
                                         substrate=substrate, conversation_id=conversation, run_token=token,
-                                        env=_env_without_identity(env), piggyback=False)
+                                        env=_env_without_identity(env), piggyback=False, now=now)
                 break
             except (ForbiddenError, ConflictError):
                 # our token is not the slot's any more, or the slot is live under someone else
@@ -322,8 +322,8 @@ def _who(state):
     return Who(agent_id=state["agent_id"], session_id=state.get("session_id"), run_token=state.get("run_token"))
 
 
-def handle(harness: str, raw: bytes | str, *, state_dir=None, env=None) -> dict:
-    """Act on one hook event; never raises.
+def handle(harness: str, raw: bytes | str, *, state_dir=None, env=None, now=None) -> dict:
+    """Act on one hook event at `now` (default: the store's clock); never raises.
 
     Returns {"output": the answer object to print, "problems": lines for stderr, "agent_id",
     "event", "delivered": ids shown in full, "withheld": ids summarised}.
@@ -348,7 +348,7 @@ def handle(harness: str, raw: bytes | str, *, state_dir=None, env=None) -> dict:
         # Stop does not make the main agent idle.
         kind = "beat"
     try:
-        _act(harness, event, name, kind, state_dir, env, result)
+        _act(harness, event, name, kind, state_dir, env, result, now)
     except Exception as exc:  # noqa: BLE001 - a hook never breaks the harness
         message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
         problems.append(message)
@@ -359,7 +359,7 @@ def handle(harness: str, raw: bytes | str, *, state_dir=None, env=None) -> dict:
     return result
 
 
-def _act(harness, event, name, kind, state_dir, env, result) -> None:
+def _act(harness, event, name, kind, state_dir, env, result, now=None) -> None:
     from ..errors import ForbiddenError
 
     problems = result["problems"]
@@ -370,10 +370,10 @@ def _act(harness, event, name, kind, state_dir, env, result) -> None:
     from ..timeutil import format_ts, utcnow
     from . import quiet
 
-    now = utcnow()
-    if kind == "deliver" and quiet.still_quiet(ws, state, env, now.timestamp()):
+    moment = now if now is not None else utcnow()  # the quiet path is SQLite's only: the local clock
+    if kind == "deliver" and quiet.still_quiet(ws, state, env, moment.timestamp()):
         result["agent_id"] = state["agent_id"]
-        quiet.refresh(ws, state, format_ts(now))  # nothing new since the last drain: no store opened
+        quiet.refresh(ws, state, format_ts(moment))  # nothing new since the last drain: no store opened
         return
     clean_env = _env_without_identity(env)
     if kind == "end" and not (state.get("run_token") and _session_active(ws, state.get("session_id"))):
@@ -383,22 +383,22 @@ def _act(harness, event, name, kind, state_dir, env, result) -> None:
     # Register on SessionStart, and whenever this conversation is in no live session (hooks installed
     # mid-conversation, its hooks/ file lost, or the session ended by consensus sleep and work resumed).
     if kind == "start" or not (state.get("run_token") and _session_active(ws, state.get("session_id"))):
-        state = _register(ws, harness, key, conversation, event, env, problems, refresh=kind == "start")
+        state = _register(ws, harness, key, conversation, event, env, problems, refresh=kind == "start", now=now)
     for attempt in (1, 2):
         result["agent_id"] = state["agent_id"]
         if kind == "start" and not preamble:
             preamble.append(_identity_note(ws, state["agent_id"], state))
         try:
-            _work(ws, harness, name, kind, state, preamble, clean_env, result)
+            _work(ws, harness, name, kind, state, preamble, clean_env, result, now)
             break
         except ForbiddenError:
             if attempt == 2:
                 raise
             # our run token is not the slot's any more (someone took the stale slot over): register
             # afresh rather than act as whoever holds it now
-            state = _register(ws, harness, key, conversation, event, env, problems, refresh=True)
+            state = _register(ws, harness, key, conversation, event, env, problems, refresh=True, now=now)
     if kind != "beat":  # a plain beat keeps the registry's status: what the quiet path knew still holds
-        changed = quiet.remembered(state, result.pop("quiet", None), now.timestamp())
+        changed = quiet.remembered(state, result.pop("quiet", None), moment.timestamp())
         if changed is not None:
             try:
                 save_state(ws, key, changed)
@@ -406,28 +406,28 @@ def _act(harness, event, name, kind, state_dir, env, result) -> None:
                 pass
 
 
-def _work(ws, harness, name, kind, state, preamble, env, result) -> None:
+def _work(ws, harness, name, kind, state, preamble, env, result, now=None) -> None:
     """Beat with the event's status, or beat and deliver, as the agent `state` names (with its token)."""
     from .. import actions
 
     if kind in ("idle", "end", "beat"):
         status = {"idle": "idle", "end": "stopped", "beat": None}[kind]
-        actions.beat(ws, _who(state), status=status, env=env, piggyback=False)
+        actions.beat(ws, _who(state), status=status, env=env, piggyback=False, now=now)
         return
-    shown, waiting, text, result["quiet"] = _deliver(ws, harness, name, state, preamble, env)
+    shown, waiting, text, result["quiet"] = _deliver(ws, harness, name, state, preamble, env, now)
     result["delivered"] = [s["id"] for s in shown]
     result["withheld"] = [s["id"] for s in waiting]
     result["output"] = answer(harness, name, text)
 
 
-def _deliver(ws, harness, name, state, preamble, env):
-    """Beat active and take the signals that fit this harness's answer (method `hook`), in one transaction.
+def _deliver(ws, harness, name, state, preamble, env, now=None):
+    """Beat active and take the signals that fit this harness's answer (`signals_pending`, method `hook`).
 
     The drain takes signals oldest first while ContextBudget says the next one still fits, so exactly
-    the signals shown are marked delivered; a text over budget after all rolls the whole call back.
+    the signals shown are marked delivered. A text over budget after all (it cannot be: fits() reserved
+    the largest summary) fails the hook, and hook redelivery offers those signals again.
     """
-    from .. import signals as sig
-    from ..agent_call import as_agent
+    from .. import actions
 
     agent_id = state["agent_id"]
     token = state.get("run_token") if ws.config.require_run_token else None
@@ -435,22 +435,17 @@ def _deliver(ws, harness, name, state, preamble, env):
                 + _command_hint("ack-signals ID,ID", agent_id, state.get("session_id"), token))
     read_hint = "Read them with: " + _command_hint("read-signals", agent_id, state.get("session_id"), None)
     budget = ContextBudget(harness, context_room(harness, name), preamble, ack_hint, read_hint)
-    with as_agent(ws, _who(state), env=env, method="hook") as call:
-        with call.store.write() as conn:
-            # `limit` only bounds what the store reads: no block is shorter than its 64-character header
-            taken = call.finish({}, conn, beat={"status": "active"}, limit=max(budget.room // 64, 1),
-                                fits=budget.fits)["pending_signals"]
-            unread = sig.unread(conn, agent_id, limit=500)
-            waiting = [s for s in unread if s.get("delivered_at") is None]
-            text = render_context(preamble, taken, waiting, ack_hint, read_hint)
-            if budget.cost(text) > budget.room:  # cannot happen: fits() reserved the largest summary
-                raise RuntimeError(f"hook context of {budget.cost(text)} over the budget of {budget.room}")
-            # nothing unread at all (so nothing shown, nothing to redeliver): what the quiet path may rely on
-            # while the change counter, read here under the write lock, stays the same (harness.quiet)
-            mark = None if unread else conn.change_mark()
-            found = None if mark is None else {"mark": mark, "harness": call.row["harness"],
-                                               "substrate": call.row["substrate"] or None}
-    return taken, waiting, text, found
+    # `limit` only bounds what the store reads: no block is shorter than its 64-character header
+    drained = actions.signals_pending(ws, _who(state), env=env, method="hook", status="active",
+                                      limit=max(budget.room // 64, 1), fits=budget.fits, withheld=True,
+                                      change_mark=True, now=now)
+    taken, waiting = drained["pending_signals"], drained["withheld"]
+    text = render_context(preamble, taken, waiting, ack_hint, read_hint)
+    if budget.cost(text) > budget.room:
+        raise RuntimeError(f"hook context of {budget.cost(text)} over the budget of {budget.room}")
+    # nothing unread at all, read under the store's write lock with the change counter: what the quiet
+    # path may rely on while that counter stays the same (harness.quiet)
+    return taken, waiting, text, drained["change_mark"]
 
 
 def _identity_note(ws, agent_id, state) -> str:

@@ -176,6 +176,8 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
             yield
 
     routes = [
+        # first: the router tries each path in turn, and MCP calls are most of the traffic
+        Route("/mcp", BearerGate(StreamableHTTPASGIApp(manager), book, on_end=state.forget)),
         Route("/healthz", healthz),
         Route("/api/status", api_status),
         Route("/api/dashboard", api_dashboard),
@@ -184,7 +186,6 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
         Route("/login", login, methods=["POST"]),
         Route("/logout", logout, methods=["POST"]),
         Route("/", page),
-        Route("/mcp", BearerGate(StreamableHTTPASGIApp(manager), book, on_end=state.forget)),
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.synapolis = state

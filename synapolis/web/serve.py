@@ -2,7 +2,22 @@
 
 from __future__ import annotations
 
+import os
 import sys
+
+PLAIN_ENV = "SYNAPOLIS_SERVE_PLAIN"  # "1": h11 and asyncio even where httptools and uvloop are installed
+
+
+def http_stack(env=None) -> tuple[str, bool]:
+    """(uvicorn's HTTP implementation, whether the event loop is uvloop's): httptools and uvloop where they are
+    installed (the `serve` extra) and not turned off by SYNAPOLIS_SERVE_PLAIN=1, else h11 and asyncio, which
+    uvicorn and the SDK bring anyway. The C parser and loop take 10-20% off the server's CPU per request
+    (benchmarks/RESULTS.md, bench_serve)."""
+    from importlib.util import find_spec
+
+    if (os.environ if env is None else env).get(PLAIN_ENV) == "1":
+        return "h11", False
+    return ("httptools" if find_spec("httptools") else "h11"), find_spec("uvloop") is not None
 
 
 def run(state_dir, *, host: str, port: int, certfile=None, keyfile=None, loopback: bool = True,
@@ -13,9 +28,11 @@ def run(state_dir, *, host: str, port: int, certfile=None, keyfile=None, loopbac
     from .app import create_app
 
     tls = certfile is not None
+    http, uvloop = http_stack()
     app = create_app(state_dir, loopback=loopback, secure=tls, force_polling=force_polling)
-    config = uvicorn.Config(app, host=host, port=port, ssl_certfile=certfile, ssl_keyfile=keyfile,
-                            log_level="warning", lifespan="on", timeout_graceful_shutdown=2)
+    # no access log: nothing reads it, and formatting a line per request costs every call
+    config = uvicorn.Config(app, host=host, port=port, ssl_certfile=certfile, ssl_keyfile=keyfile, http=http,
+                            log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
 
     async def main():
@@ -29,6 +46,6 @@ def run(state_dir, *, host: str, port: int, certfile=None, keyfile=None, loopbac
             shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
             # the port actually taken (--port 0), for people and for scripts that start a server
             print(f"synapolis serve: listening on {'https' if tls else 'http'}://{shown}:{bound[1]} "
-                  f"(MCP at /mcp, dashboard at /)", file=sys.stderr, flush=True)
+                  f"(MCP at /mcp, dashboard at /; {http}{', uvloop' if uvloop else ''})", file=sys.stderr, flush=True)
 
-    anyio.run(main)
+    anyio.run(main, backend_options={"use_uvloop": uvloop})
