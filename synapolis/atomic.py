@@ -250,10 +250,10 @@ def _parse_counter(data: bytes) -> tuple[str, int] | None:
     return epoch, int(count)
 
 
-def bump_counter(path: str, mode: int = 0o600) -> str:
-    """Add one to the counter at `path` (made when missing or unreadable); its new text. The caller holds
-    whatever lock orders the counter's writers."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | _CLOEXEC | _NOFOLLOW, mode)
+def bump_counter(path: str, mode: int = 0o600, create: bool = True) -> str:
+    """Add one to the counter at `path` (made when missing, unless not `create`: FileNotFoundError; restarted
+    when unreadable); its new text. The caller holds whatever lock orders the counter's writers."""
+    fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0) | _CLOEXEC | _NOFOLLOW, mode)
     try:
         os.lseek(fd, 0, os.SEEK_SET)
         parsed = _parse_counter(os.read(fd, 2 * _COUNTER_WIDTH))

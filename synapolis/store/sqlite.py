@@ -307,9 +307,13 @@ class SqliteTransaction(base.Transaction):
     def _count_change(self) -> None:
         """Bump the change counter before the commit, under the write lock: whoever reads the counter and then
         takes the lock sees this change (or its rollback). A hook skips the store while it is unchanged
-        (synapolis.harness.quiet), so a counter that cannot be bumped must not stay readable either."""
+        (synapolis.harness.quiet), so a counter that cannot be bumped must not stay readable either. No
+        counter yet means no hook remembers one (change_mark makes it, under this same lock): nothing to do,
+        and a session without hooks pays nothing."""
         try:
-            bump_counter(self.changes)
+            bump_counter(self.changes, create=False)
+        except FileNotFoundError:
+            return
         except OSError:
             with contextlib.suppress(OSError):
                 os.unlink(self.changes)
