@@ -12,7 +12,7 @@ from .errors import ForbiddenError, NoIdentityError, NotFoundError, SynapolisErr
 from .heartbeat import write_heartbeat
 from .identity import Who
 from .sessions import agent_row, each_store, registry_status, ts
-from .store import clock, open_session
+from .store import clock, open_session, store_for
 from .timeutil import format_ts
 
 
@@ -162,6 +162,14 @@ class AgentCall:
             elif not self._nothing_to_write():
                 with self.store.write() as c:
                     pending = work(c)
+        elif self.heartbeat is not None:
+            # an agent in no session: its beat still reaches a shared store's readers (§12), after the file
+            try:
+                store_for(self.ws).put_heartbeat_copy(self.heartbeat, ts(self.now))
+            except (SynapolisError, OSError) as exc:
+                if not best_effort:
+                    raise
+                result["piggyback_skipped"] = getattr(exc, "message", None) or str(exc)
         self.finished = True
         result["pending_signals"], result["pending_remaining"] = pending
         return result

@@ -177,6 +177,36 @@ def clean_env(extra: dict | None = None, **more) -> dict:
 _cli_env = clean_env  # its old name, for branches that still use it
 
 
+def stop(proc, timeout: float = 10) -> int:
+    """End a child process a test started, whatever it is doing: SIGTERM, SIGKILL after `timeout`, reaped.
+    Its exit code."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+@pytest.fixture
+def spawn():
+    """spawn(cmd, **Popen options) -> a child process, its environment `clean_env()` unless `env` is given.
+    Every one still running when the test ends is stopped (`stop`), whatever the test did: no try/finally."""
+    started = []
+
+    def start(cmd, **options):
+        options.setdefault("env", clean_env())
+        proc = subprocess.Popen([str(part) for part in cmd], **options)
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        stop(proc, timeout=5)
+
+
 def wait_until(predicate, deadline_s: float = 20, what: str | None = None, interval_s: float = 0.02):
     """Poll `predicate` until it returns something truthy, and return that: for waiting on what another
     process does (a file it writes, a row it commits). Fails the test, saying what it waited for, when
@@ -391,12 +421,7 @@ def served(state_dir, cli):
     try:
         yield Served(proc, url, state_dir, cli)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 def mcp_http_client(url: str, token: str | None, mode: str = "legacy", **client_options):

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 
-from conftest import ago, claim_events, clean_env, NOW, synapolis_cmd, wait_until
+from conftest import ago, claim_events, NOW, synapolis_cmd, wait_until
 from synapolis import claims
 from synapolis.errors import (BusyError, ConflictError, ForbiddenError, NotFoundError, StaleToken,
                               UsageError)
@@ -472,7 +472,7 @@ def test_cli_take_over_from_stale_holder(cli, state_dir):
     assert text.returncode == 0 and text.stdout.startswith("took over t:2 from alice (stale)  token 2")
 
 
-def test_cli_wait_until_expiry_and_until_release(cli, state_dir):
+def test_cli_wait_until_expiry_and_until_release(cli, state_dir, spawn):
     assert cli("claim", "t:1", "--agent-id", "alice", "--ttl", "1").returncode == 0
     waited = cli("claim", "t:1", "--agent-id", "bob", "--wait", "15", "--json", timeout=30)
     assert waited.returncode == 0, waited.stderr
@@ -483,15 +483,12 @@ def test_cli_wait_until_expiry_and_until_release(cli, state_dir):
     # a waiter that gets it when the holder releases
     beat = Workspace.open(state_dir).paths.heartbeat("carol")
     gave_up_seq = json.loads(beat.read_text())["seq"]  # the give-up above beat too
-    waiter = subprocess.Popen(synapolis_cmd(state_dir, "claim", "t:1", "--agent-id", "carol", "--wait", "20", "--json"),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
-    try:
-        # the waiter's refresh, written right before it starts waiting: she is waiting now
-        wait_until(lambda: json.loads(beat.read_text())["seq"] > gave_up_seq, 15, "carol's claim to start waiting")
-        assert cli("release", "t:1", "--agent-id", "bob").returncode == 0
-        out, err = waiter.communicate(timeout=25)
-    finally:
-        waiter.kill()
+    waiter = spawn(synapolis_cmd(state_dir, "claim", "t:1", "--agent-id", "carol", "--wait", "20", "--json"),
+                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # the waiter's refresh, written right before it starts waiting: she is waiting now
+    wait_until(lambda: json.loads(beat.read_text())["seq"] > gave_up_seq, 15, "carol's claim to start waiting")
+    assert cli("release", "t:1", "--agent-id", "bob").returncode == 0
+    out, err = waiter.communicate(timeout=25)
     assert waiter.returncode == 0, err
     record = json.loads(out)["claim"]
     assert record["claimed_by"] == "carol" and record["token"] == 3 and record["taken_over_from"] is None

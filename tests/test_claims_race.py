@@ -14,7 +14,7 @@ from collections import defaultdict
 
 import pytest
 
-from conftest import clean_env, wait_until
+from conftest import wait_until
 from synapolis import claims
 from synapolis.atomic import read_jsonl
 from synapolis.errors import ConflictError, StaleToken
@@ -100,7 +100,7 @@ def test_eight_processes_race_for_twenty_items(tmp_path):
         assert validation_errors("claim", doc) == [] and doc["released_at"]
 
 
-def test_cli_processes_race_for_one_item(tmp_path):
+def test_cli_processes_race_for_one_item(tmp_path, spawn):
     """Six `synapolis claim` processes fire together: exactly one exits 0, the rest exit 3."""
     state_dir = tmp_path / "state"
     Workspace.open(state_dir).ensure()
@@ -113,21 +113,13 @@ def test_cli_processes_race_for_one_item(tmp_path):
         f"deadline = time.monotonic() + {DEADLINE_S}\n"
         f"while not os.path.exists({str(go)!r}) and time.monotonic() < deadline: time.sleep(0.001)\n"
         "main(sys.argv[1:])\n")
-    env = clean_env()
-    procs = [subprocess.Popen([sys.executable, "-c", script, "--state-dir", str(state_dir), "claim", "race:1",
-                               "--agent-id", f"cli{i}", "--json"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    procs = [spawn([sys.executable, "-c", script, "--state-dir", state_dir, "claim", "race:1", "--agent-id", f"cli{i}",
+                    "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(6)]
     # every one imported and waiting: correctness does not depend on it, only the overlap does
     wait_until(lambda: len(os.listdir(ready)) == len(procs), DEADLINE_S, "the racers to import synapolis")
     go.touch()
-    outs = []
-    try:
-        for proc in procs:
-            outs.append((proc.wait(timeout=DEADLINE_S), proc.communicate(timeout=DEADLINE_S)))
-    finally:
-        for proc in procs:
-            proc.kill()
+    outs = [(proc.wait(timeout=DEADLINE_S), proc.communicate(timeout=DEADLINE_S)) for proc in procs]
     codes = sorted(code for code, _ in outs)
     assert codes == [0] + [3] * 5, [o[1][1] for o in outs]
     winner = next(json.loads(out) for code, (out, _) in outs if code == 0)["claim"]
@@ -150,26 +142,21 @@ while True:
 """
 
 
-def test_sigkilled_claimer_leaves_a_state_where_tokens_still_grow(tmp_path):
+def test_sigkilled_claimer_leaves_a_state_where_tokens_still_grow(tmp_path, spawn):
     state_dir = tmp_path / "state"
     ws = Workspace.open(state_dir).ensure()
     ws.paths.config.write_text(json.dumps({"busy_timeout_ms": 3000}))
     tokens_file = tmp_path / "tokens"
     rng = random.Random(7)
-    env = clean_env()
     for k in range(6):
         seen = len(tokens_file.read_text().split()) if tokens_file.exists() else 0
         # a restarted agent has a new id (the same id would renew its own live claim, same token)
-        child = subprocess.Popen([sys.executable, "-c", CRASHER, str(state_dir), str(tokens_file), f"crasher{k}"],
-                                 env=env, stderr=subprocess.PIPE)
-        try:
-            wait_until(lambda: tokens_file.exists() and len(tokens_file.read_text().split()) > seen, DEADLINE_S,
-                       "the claimer to hand out a token")
-            time.sleep(rng.uniform(0.0, 0.15))  # somewhere mid-claim, mid-write or mid-release
-            child.send_signal(signal.SIGKILL)
-            child.wait(timeout=DEADLINE_S)
-        finally:
-            child.kill()
+        child = spawn([sys.executable, "-c", CRASHER, state_dir, tokens_file, f"crasher{k}"], stderr=subprocess.PIPE)
+        wait_until(lambda: tokens_file.exists() and len(tokens_file.read_text().split()) > seen, DEADLINE_S,
+                   "the claimer to hand out a token")
+        time.sleep(rng.uniform(0.0, 0.15))  # somewhere mid-claim, mid-write or mid-release
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=DEADLINE_S)
         assert child.returncode == -signal.SIGKILL, child.stderr.read()
         # whatever the moment, the claim file is whole (atomic replace) and listing works
         doc = json.loads(claims.claim_path(ws, "crash:1").read_text())
@@ -199,22 +186,18 @@ with claims._item_lock(ws, "crash:2"):
 """
 
 
-def test_sigkilled_lock_holder_does_not_block_anyone(tmp_path, cli):
+def test_sigkilled_lock_holder_does_not_block_anyone(tmp_path, cli, spawn):
     state_dir = tmp_path / "state"
     ws = Workspace.open(state_dir).ensure()
     ws.paths.config.write_text(json.dumps({"busy_timeout_ms": 1000}))
     ws = Workspace.open(state_dir)
     ready = tmp_path / "locked"
-    env = clean_env()
-    child = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(state_dir), str(ready)], env=env)
-    try:
-        wait_until(ready.exists, DEADLINE_S, "the child to hold the lock")
-        busy = cli("claim", "crash:2", "--agent-id", "alice")
-        assert busy.returncode == 8 and "BusyError" in busy.stderr  # finite timeout, nobody waits forever
-        child.send_signal(signal.SIGKILL)
-        child.wait(timeout=DEADLINE_S)
-    finally:
-        child.kill()
+    child = spawn([sys.executable, "-c", LOCK_HOLDER, state_dir, ready])
+    wait_until(ready.exists, DEADLINE_S, "the child to hold the lock")
+    busy = cli("claim", "crash:2", "--agent-id", "alice")
+    assert busy.returncode == 8 and "BusyError" in busy.stderr  # finite timeout, nobody waits forever
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=DEADLINE_S)
     assert cli("claim", "crash:2", "--agent-id", "alice").returncode == 0
     assert claims.check(ws, "crash:2", 1)["claimed_by"] == "alice"
 

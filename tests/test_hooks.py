@@ -3,7 +3,6 @@ and the promise that a hook always exits 0 in bounded time (locked store, read-o
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -312,25 +311,19 @@ time.sleep(60)
 """
 
 
-@contextlib.contextmanager
-def store_locked(ws, session: str, tmp_path):
-    """Another process holds the session store's write lock for the duration."""
+def lock_store(spawn, ws, session: str, tmp_path) -> None:
+    """Another process takes the session store's write lock and holds it until the test ends (spawn stops it)."""
     ready = tmp_path / "locked"
-    locker = subprocess.Popen([sys.executable, "-c", LOCKER, str(ws.paths.session_db(session)), str(ready)])
-    try:
-        wait_until(ready.exists, 20, "the child to take the lock")
-        yield
-    finally:
-        locker.kill()
-        locker.wait()
+    spawn([sys.executable, "-c", LOCKER, ws.paths.session_db(session), ready])
+    wait_until(ready.exists, 20, "the child to take the lock")
 
 
-def test_a_locked_store_answers_within_the_bound(cli, hws, tmp_path):
+def test_a_locked_store_answers_within_the_bound(cli, hws, tmp_path, spawn):
     me = run(hws, "claude-code", "SessionStart")["agent_id"]
     session = json.loads(hws.paths.hook_state(me).read_text())["session_id"]
     sender(hws)(me, "news: the hook must open the store for this")  # no quiet path: something new
-    with store_locked(hws, session, tmp_path):
-        done, took = _hook(cli, "claude-code", json.dumps(event("claude-code", "PostToolUse")))
+    lock_store(spawn, hws, session, tmp_path)
+    done, took = _hook(cli, "claude-code", json.dumps(event("claude-code", "PostToolUse")))
     assert done.returncode == 0 and json.loads(done.stdout) == {}
     assert "locked" in done.stderr and took < hooks.HOOK_DEADLINE_S + 5
 
@@ -345,37 +338,27 @@ with locked(Path(sys.argv[1])):
 """
 
 
-def test_a_lock_that_never_comes_free_hits_the_deadline_not_the_harness(cli, hws, tmp_path):
+def test_a_lock_that_never_comes_free_hits_the_deadline_not_the_harness(cli, hws, tmp_path, spawn):
     me = run(hws, "claude-code", "SessionStart")["agent_id"]
     ready = tmp_path / "held"
-    holder = subprocess.Popen([sys.executable, "-c", HEARTBEAT_LOCKER,
-                               str(hws.paths.lock(f"heartbeat.{me}")), str(ready)])
-    try:
-        wait_until(ready.exists, 20, "the child to take the lock")
-        done, took = _hook(cli, "claude-code", json.dumps(event("claude-code", "PostToolUse")),
-                           env={"SYNAPOLIS_HOOK_TIMEOUT_S": "1.5"})
-        assert done.returncode == 0 and json.loads(done.stdout) == {}
-        assert "gave up after 1.5s" in done.stderr and took < 1.5 + 4
-    finally:
-        holder.kill()
-        holder.wait()
+    spawn([sys.executable, "-c", HEARTBEAT_LOCKER, hws.paths.lock(f"heartbeat.{me}"), ready])
+    wait_until(ready.exists, 20, "the child to take the lock")
+    done, took = _hook(cli, "claude-code", json.dumps(event("claude-code", "PostToolUse")),
+                       env={"SYNAPOLIS_HOOK_TIMEOUT_S": "1.5"})
+    assert done.returncode == 0 and json.loads(done.stdout) == {}
+    assert "gave up after 1.5s" in done.stderr and took < 1.5 + 4
 
 
-def test_stdin_that_never_closes_hits_the_deadline(state_dir):
-    env = clean_env(SYNAPOLIS_HOOK_TIMEOUT_S="1")
-    proc = subprocess.Popen(synapolis_cmd(state_dir, "hook", "codex"),
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    try:
-        proc.stdin.write(b'{"session_id": "s", ')  # and never the rest, nor EOF
-        proc.stdin.flush()
-        started = time.monotonic()
-        rc = proc.wait(timeout=15)
-        took = time.monotonic() - started
-        out, err = proc.stdout.read(), proc.stderr.read()
-    finally:
-        proc.kill()
-        proc.wait()
-        proc.stdin.close()
+def test_stdin_that_never_closes_hits_the_deadline(state_dir, spawn):
+    proc = spawn(synapolis_cmd(state_dir, "hook", "codex"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                 stderr=subprocess.PIPE, env=clean_env(SYNAPOLIS_HOOK_TIMEOUT_S="1"))
+    proc.stdin.write(b'{"session_id": "s", ')  # and never the rest, nor EOF
+    proc.stdin.flush()
+    started = time.monotonic()
+    rc = proc.wait(timeout=15)
+    took = time.monotonic() - started
+    out, err = proc.stdout.read(), proc.stderr.read()
+    proc.stdin.close()
     assert rc == 0 and json.loads(out) == {} and b"gave up" in err and took < 10
 
 
@@ -613,14 +596,14 @@ def _me(ws, agent_id) -> Who:
     return Who(agent_id, state["session_id"], state["run_token"])
 
 
-def test_a_hook_with_nothing_new_does_not_open_the_store(cli, hws, tmp_path):
+def test_a_hook_with_nothing_new_does_not_open_the_store(cli, hws, tmp_path, spawn):
     """SessionStart drains an empty inbox and remembers it; with the store locked by another process, the
     next tool call still answers at once, refreshes the heartbeat and says nothing about a lock."""
     me = run(hws, "claude-code", "SessionStart")["agent_id"]
     assert isinstance(_hook_state(hws, me)["quiet"]["mark"], str)
     before = json.loads(hws.paths.heartbeat(me).read_text())
-    with store_locked(hws, _hook_state(hws, me)["session_id"], tmp_path):
-        done, _took = _hook(cli, "claude-code", json.dumps(event("claude-code", "PostToolUse")))
+    lock_store(spawn, hws, _hook_state(hws, me)["session_id"], tmp_path)
+    done, _took = _hook(cli, "claude-code", json.dumps(event("claude-code", "PostToolUse")))
     assert done.returncode == 0 and json.loads(done.stdout) == {} and done.stderr == ""
     after = json.loads(hws.paths.heartbeat(me).read_text())
     assert after["seq"] == before["seq"] + 1 and after["status"] == "active" and after["beat_at"] >= before["beat_at"]
@@ -744,7 +727,7 @@ for i in range(count):
 """
 
 
-def test_senders_racing_hooks_every_signal_shown_exactly_once(cli, hws):
+def test_senders_racing_hooks_every_signal_shown_exactly_once(cli, hws, spawn):
     """Real processes: two senders commit signals while the harness's hook (the console script) runs again
     and again, the agent acknowledging what it was shown. Every signal is shown once, none twice, none
     lost, exactly the shown ones are marked delivered, and the quiet path ran in between."""
@@ -753,8 +736,7 @@ def test_senders_racing_hooks_every_signal_shown_exactly_once(cli, hws):
     for name in ("bob", "carol"):
         actions.start(hws, agent_id=name, session_id=session, env={}, write_identity=False)
     each = 15
-    racers = [subprocess.Popen([sys.executable, "-c", RACER, str(hws.root), name, me, str(each), session])
-              for name in ("bob", "carol")]
+    racers = [spawn([sys.executable, "-c", RACER, hws.root, name, me, each, session]) for name in ("bob", "carol")]
     shown: list[str] = []
     quiet_runs = idle_after = 0
     deadline = time.monotonic() + 300

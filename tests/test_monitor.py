@@ -14,7 +14,7 @@ from datetime import timedelta
 
 import pytest
 
-from conftest import ago, clean_env, heartbeat_doc, NOW, synapolis_cmd
+from conftest import ago, heartbeat_doc, NOW, synapolis_cmd
 from synapolis import monitor as mon
 from synapolis.heartbeat import read_heartbeat
 from synapolis.schemas import validation_errors
@@ -236,25 +236,19 @@ def test_watch_monitor_reacts_to_a_beat(ws, put_heartbeat):
     assert not worker.is_alive()
 
 
-def test_cli_watch_until_interrupted(state_dir, put_heartbeat):
-    env = clean_env()
-    proc = subprocess.Popen(synapolis_cmd(state_dir, "monitor", "--watch", "--json"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+def test_cli_watch_until_interrupted(state_dir, put_heartbeat, spawn):
+    proc = spawn(synapolis_cmd(state_dir, "monitor", "--watch", "--json"), stdout=subprocess.PIPE,
+                 stderr=subprocess.PIPE, text=True)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
-    try:
-        assert json.loads(lines.get(timeout=15))["agents"] == []
-        put_heartbeat("w", now_ts())
-        deadline = time.monotonic() + 15
-        while True:
-            doc = json.loads(lines.get(timeout=max(0.1, deadline - time.monotonic())))
-            if doc["agents"]:
-                break
-        assert doc["agents"][0]["agent_id"] == "w"
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=15) == 0
-        assert "Traceback" not in proc.stderr.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    assert json.loads(lines.get(timeout=15))["agents"] == []
+    put_heartbeat("w", now_ts())
+    deadline = time.monotonic() + 15
+    while True:
+        doc = json.loads(lines.get(timeout=max(0.1, deadline - time.monotonic())))
+        if doc["agents"]:
+            break
+    assert doc["agents"][0]["agent_id"] == "w"
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=15) == 0
+    assert "Traceback" not in proc.stderr.read()

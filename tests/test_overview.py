@@ -8,7 +8,7 @@ import subprocess
 import threading
 import time
 
-from conftest import ago, clean_env, NOW, synapolis_cmd, wait_until
+from conftest import ago, NOW, synapolis_cmd, wait_until
 
 from synapolis import actions, claims, escalation, monitor, overview
 from synapolis.identity import Who
@@ -106,24 +106,20 @@ def test_cli_json_and_text_are_plain_on_a_pipe(cli, ws, put_heartbeat):
     assert max(len(line) for line in wide.splitlines()) > 80
 
 
-def test_watch_redraws_when_the_state_directory_changes(state_dir):
+def test_watch_redraws_when_the_state_directory_changes(state_dir, spawn):
     ws = Workspace.open(state_dir).ensure()
-    proc = subprocess.Popen(synapolis_cmd(state_dir, "status", "--watch", "--json"), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=clean_env())
+    proc = spawn(synapolis_cmd(state_dir, "status", "--watch", "--json"), stdout=subprocess.PIPE,
+                 stderr=subprocess.PIPE, text=True)
     lines = []
     reader = threading.Thread(target=lambda: [lines.append(json.loads(line)) for line in proc.stdout], daemon=True)
     reader.start()
-    try:
-        wait_until(lambda: lines, 20, "the first frame")
-        assert lines[0]["agents"] == []
-        time.sleep(1.0)  # a window with no change: what a redraw loop feeding itself would fill
-        assert len(lines) == 1  # reading the state does not itself cause redraws
-        actions.beat(ws, Who("zoe"), env={}, task="just arrived")
-        wait_until(lambda: any(a["agent_id"] == "zoe" for frame in lines for a in frame["agents"]), 15,
-                   "a frame with zoe")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    wait_until(lambda: lines, 20, "the first frame")
+    assert lines[0]["agents"] == []
+    time.sleep(1.0)  # a window with no change: what a redraw loop feeding itself would fill
+    assert len(lines) == 1  # reading the state does not itself cause redraws
+    actions.beat(ws, Who("zoe"), env={}, task="just arrived")
+    wait_until(lambda: any(a["agent_id"] == "zoe" for frame in lines for a in frame["agents"]), 15,
+               "a frame with zoe")
 
 
 def test_watch_stops_on_request(ws, put_heartbeat):

@@ -372,6 +372,24 @@ def test_nothing_listening_is_exit_8_quickly(tmp_path):
     assert hook.returncode == 0 and "s3cret-pw" not in hook.stderr + hook.stdout
 
 
+def test_a_pooled_store_with_nothing_listening_fails_in_bounded_time_naming_the_cause(tmp_path, monkeypatch):
+    from synapolis import store
+
+    port = _free_port()
+    ws = use_store(tmp_path / "state", f"postgresql://synapolis:s3cret-pw@127.0.0.1:{port}/synapolis")
+    store.close_all()
+    monkeypatch.setattr(store, "_LONG_LIVED", True)
+    try:
+        began = time.monotonic()
+        with pytest.raises(BusyError) as caught:
+            actions.start(ws, agent_id="alice", session_id="s1", env={})
+        assert time.monotonic() - began < 15
+        assert f"127.0.0.1:{port}" in caught.value.message and "refused" in caught.value.message.lower()
+        assert "s3cret-pw" not in caught.value.message
+    finally:
+        store.close_all()
+
+
 def test_wrong_password_is_exit_8_and_never_shows_it(pg_url, tmp_path):
     from psycopg.conninfo import conninfo_to_dict
 
@@ -387,7 +405,7 @@ def test_wrong_password_is_exit_8_and_never_shows_it(pg_url, tmp_path):
     assert "wrong-Passw0rd" not in str(caught.value)
 
 
-def test_server_stopped_and_started_between_calls(tmp_path):
+def test_server_stopped_and_started_between_calls(tmp_path, monkeypatch):
     done = subprocess.run(["bash", PG_SCRIPT, "start"], capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         no_postgres(f"cannot start a private PostgreSQL server: {done.stderr[-200:]}")
@@ -403,20 +421,75 @@ def test_server_stopped_and_started_between_calls(tmp_path):
         subprocess.run(["bash", PG_SCRIPT, "start", folder], check=True, capture_output=True, timeout=120)
         out = run_cli(ws, "signal", "--agent-id", "alice", "--session-id", "s1", "*", "back again")
         assert out.returncode == 0, out.stderr
-        # a long-lived process (this one) whose connection died with the server: one BusyError, then it works
-        actions.beat(ws, Who("alice", "s1"), env={})
-        subprocess.run(["bash", PG_SCRIPT, "stop", folder], check=True, capture_output=True, timeout=120)
-        subprocess.run(["bash", PG_SCRIPT, "start", folder], check=True, capture_output=True, timeout=120)
-        try:
+        # a long-lived process (this one) whose connections died with the server while idle: the next call
+        # starts its transaction again on a new connection, and works at once; with one connection, then
+        # with the pool of `synapolis mcp` / `serve`
+        from synapolis import store
+
+        for pooled in (False, True):
+            store.close_all()
+            monkeypatch.setattr(store, "_LONG_LIVED", pooled)
+            assert store.store_for(ws).pooled is pooled
             actions.beat(ws, Who("alice", "s1"), env={})
-        except BusyError as exc:
-            assert "127.0.0.1" in str(exc)
-        assert actions.beat(ws, Who("alice", "s1"), env={})["registered"] is True
+            subprocess.run(["bash", PG_SCRIPT, "stop", folder], check=True, capture_output=True, timeout=120)
+            subprocess.run(["bash", PG_SCRIPT, "start", folder], check=True, capture_output=True, timeout=120)
+            assert actions.beat(ws, Who("alice", "s1"), env={})["registered"] is True
+            sent = actions.signal(ws, Who("alice", "s1"), "*", f"after a restart, pooled={pooled}", env={})
+            assert sent["signal"]["sequence"] > 0
     finally:
         from synapolis.store import close_all
 
         close_all()
         subprocess.run(["bash", PG_SCRIPT, "destroy", folder], capture_output=True, timeout=120)
+
+
+def test_a_long_lived_process_pools_its_connections(machines, monkeypatch):
+    """keep_connections() (what `synapolis mcp` and `serve` call): threads of one process run transactions at
+    once on connections of a pool, where one shared connection would make a read wait for a held write."""
+    from synapolis import store
+    from synapolis.store import open_session
+
+    laptop, _runner = machines
+    store.close_all()
+    monkeypatch.setattr(store, "_LONG_LIVED", True)
+    sid = actions.start(laptop, agent_id="alice", session_id="s1", env={})["session_id"]
+    assert store.store_for(laptop).pooled
+    held, release, read_done = threading.Event(), threading.Event(), threading.Event()
+
+    def hold():
+        with open_session(laptop, sid).write() as tx:
+            tx.exclusive("held by a test")
+            held.set()
+            release.wait(20)
+
+    def read():
+        actions.read_signals(laptop, Who("alice", sid), env={})
+        read_done.set()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(10)
+        threading.Thread(target=read, daemon=True).start()
+        assert read_done.wait(10), "a read waited for another thread's transaction"
+        import psycopg
+
+        with psycopg.connect(laptop.config.store) as conn:
+            mine = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'synapolis'"
+                                ).fetchone()[0]
+        assert mine >= 2
+    finally:
+        release.set()
+        holder.join(20)
+
+
+def test_a_cli_call_opens_one_connection_and_imports_no_pool(machines):
+    laptop, _runner = machines
+    code = ("import sys\nfrom synapolis.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "print('MODULES', 'psycopg' in sys.modules, 'psycopg_pool' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, "--state-dir", str(laptop.root), "start", "--agent-id",
+                          "alice", "--session-id", "s1"], capture_output=True, text=True, timeout=60, env=clean_env())
+    assert out.stdout.strip().splitlines()[-1] == "MODULES True False", out.stderr
 
 
 def test_postgres_url_without_the_driver_is_exit_2_with_the_install_command(tmp_path):
@@ -515,6 +588,19 @@ def test_every_machine_sees_every_agents_heartbeat(machines):
     with psycopg.connect(laptop.config.store) as conn:
         host, doc = conn.execute("SELECT host, doc FROM heartbeats WHERE agent_id = 'bob'").fetchone()
     assert json.loads(doc)["task"] == "remote work" and host == os.uname().nodename
+
+
+def test_a_beat_in_no_session_reaches_the_other_machine(machines):
+    """§12: the beat writes the local file first, then its copy, even for an agent that is in no session
+    (no session transaction to carry it): the other machine's monitor sees it."""
+    laptop, runner = machines
+    actions.start(laptop, agent_id="alice", session_id="s1", env={})
+    out = run_cli(runner, "beat", "--agent-id", "carol", "--task", "between sessions", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["registered"] is False and runner.paths.heartbeat("carol").exists()
+    assert run_cli(laptop, "monitor", "--json").returncode == 0
+    agents = {a["agent_id"]: a for a in json.loads(laptop.paths.monitor.read_text())["agents"]}
+    assert agents["carol"]["effective_status"] == "active" and agents["carol"]["task"] == "between sessions"
 
 
 RACER = r"""

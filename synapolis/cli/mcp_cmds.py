@@ -22,5 +22,8 @@ def mcp_cmd(ws, polling):
     """
     # the SDK is imported here and nowhere else on the CLI's paths: it is slow to import
     from ..mcp.server import create_server
+    from ..store import keep_connections
+
+    keep_connections()  # a database store keeps a pool: this process serves many calls
 
     create_server(ws.root, force_polling=polling).run("stdio")

@@ -53,7 +53,10 @@ def serve_cmd(ws, host, port, certfile, keyfile, polling):
         click.echo("synapolis serve: no token exists yet; every request will be refused until you run "
                    "`synapolis tokens create NAME`", err=True)
     # the SDK, starlette and uvicorn are imported here and nowhere else on the CLI's paths
+    from ..store import keep_connections
     from ..web.serve import run
+
+    keep_connections()  # a database store keeps a pool: this process serves many requests at once
 
     run(ws.root, host=host, port=port, certfile=certfile, keyfile=keyfile, loopback=loopback,
         force_polling=polling)

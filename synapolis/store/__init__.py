@@ -15,6 +15,14 @@ from .sqlite import SCHEMA_VERSION, SessionStore, SqliteStore  # noqa: F401  (Se
 
 ENV_STORE_URL = "SYNAPOLIS_STORE_URL"
 _OPEN: dict = {}  # (root, url) -> Store: one per state directory and URL in a process
+_LONG_LIVED = False  # keep_connections() was called: a server store uses a pool
+
+
+def keep_connections() -> None:
+    """This process lives long and serves many calls at once (`synapolis mcp`, `synapolis serve`): a
+    database store keeps a pool of connections instead of one connection per call (contract §12)."""
+    global _LONG_LIVED
+    _LONG_LIVED = True
 
 
 def store_url(ws, env=None) -> str:
@@ -38,7 +46,7 @@ def store_for(ws) -> Store:
     if store is None:
         from .postgres import PostgresStore
 
-        store = _OPEN[key] = PostgresStore(ws, url)
+        store = _OPEN[key] = PostgresStore(ws, url, pooled=_LONG_LIVED)
     else:
         store.ws = ws
     return store

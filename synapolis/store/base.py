@@ -295,6 +295,10 @@ class Store(abc.ABC):
         """Where the ledger lives, for people (a file, or the database without its password)."""
         return self.kind
 
+    def put_heartbeat_copy(self, doc: dict, stamp: str) -> None:
+        """The copy of a heartbeat by an agent in no session (no session transaction carries it), in a
+        transaction of its own; the local file was written first. SQLite: nothing (the file is it)."""
+
     def heartbeat_copies(self) -> list[dict]:
         """The latest heartbeat document of every agent that wrote one into the store (SQLite: none;
         its readers read the heartbeat files). Each has `received_at`, the store's time of the copy."""

@@ -1,8 +1,9 @@
 """The PostgreSQL store (contract §12): one database shared by the state directories of many machines.
 
-Imported only when `store` is a postgresql:// URL, and it alone imports psycopg. One connection per
-process (a CLI call opens one; a long-lived process keeps it and reconnects after a failure), with
-`lock_timeout` and `statement_timeout` at busy_timeout_ms, so nothing waits forever.
+Imported only when `store` is a postgresql:// URL, and it alone imports psycopg. A CLI call opens one
+connection; a long-lived process (`store.keep_connections()`: `synapolis mcp`, `serve`) keeps a pool
+(psycopg-pool, imported only then). Every connection has `lock_timeout` and `statement_timeout` at
+busy_timeout_ms, so nothing waits forever.
 
 How the guarantees hold with many writers on several machines (docs/STORE.md has the reasoning):
 - Total order: every signal insert first takes a per-session advisory transaction lock, then draws
@@ -40,6 +41,7 @@ except ImportError:  # pragma: no cover - exercised by a test with the driver hi
 SCHEMA_VERSION = 7  # each version's script is idempotent: an upgrade runs the whole of it again
 CONNECT_TIMEOUT_S = 5  # libpq's connect_timeout; with busy_timeout_ms the bound of §12 (at most 10 s)
 NOTIFY_CHANNEL = "synapolis_signals"
+POOL_MAX = 8  # connections of a long-lived process's pool
 CLOCK_ANCHOR_S = 30.0  # how long `now()` runs on the monotonic clock before reading the server's again
 INSTALL_HINT = 'pip install "synapolis[postgres]"'
 
@@ -549,13 +551,7 @@ class PostgresTransaction(base.Transaction):
 
     # -- heartbeat copies ------------------------------------------------------------------------
     def put_heartbeat(self, doc, stamp):
-        import json
-
-        self.cur.execute("INSERT INTO heartbeats (agent_id, host, session_id, doc, received_at) "
-                         "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (agent_id) DO UPDATE SET host = excluded.host, "
-                         "session_id = excluded.session_id, doc = excluded.doc, received_at = excluded.received_at",
-                         (doc["agent_id"], doc.get("host"), doc.get("session_id"),
-                          json.dumps(doc, ensure_ascii=False, separators=(",", ":")), stamp))
+        _put_heartbeat(self.cur, doc, stamp)
 
     # -- the rate limit ----------------------------------------------------------------------------
     def rate_bucket(self, agent_id):
@@ -643,6 +639,13 @@ class ClaimSlot:
                          (record["item"], event["at"], json.dumps(event, ensure_ascii=False, separators=(",", ":"))))
 
 
+def _put_heartbeat(cur, doc: dict, stamp: str) -> None:
+    cur.execute("INSERT INTO heartbeats (agent_id, host, session_id, doc, received_at) "
+                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (agent_id) DO UPDATE SET host = excluded.host, "
+                "session_id = excluded.session_id, doc = excluded.doc, received_at = excluded.received_at",
+                (doc["agent_id"], doc.get("host"), doc.get("session_id"), _dump(doc), stamp))
+
+
 def _dump(value) -> str:
     import json
 
@@ -722,14 +725,17 @@ class PostgresSessionStore(base.SessionStore):
 
 
 class PostgresStore(base.Store):
-    """The shared database named by a postgresql:// URL; one connection per process, made on first use."""
+    """The shared database named by a postgresql:// URL: one connection per process made on first use, or
+    a pool of them in a long-lived process."""
 
     kind = "postgresql"
 
-    def __init__(self, ws, url: str):
+    def __init__(self, ws, url: str, pooled: bool = False):
         require_driver()
         self.ws = ws
         self.url = url
+        self.pooled = pooled  # a long-lived process: a pool of connections (store.keep_connections)
+        self._pool = None
         self.where = describe_url(url)
         self.busy_timeout_ms = int(ws.config.busy_timeout_ms)
         self._lock = threading.RLock()
@@ -739,13 +745,16 @@ class PostgresStore(base.Store):
         self._clock_anchor = None
 
     # -- connections and errors --------------------------------------------------------------------
-    def _connect(self):
+    def _connect_options(self) -> dict:
         timeout = self.busy_timeout_ms
+        return {"autocommit": True, "row_factory": dict_row, "connect_timeout": CONNECT_TIMEOUT_S,
+                "application_name": "synapolis",
+                "options": f"-c lock_timeout={timeout} -c statement_timeout={timeout} "
+                           "-c idle_in_transaction_session_timeout=60000 -c TimeZone=UTC"}
+
+    def _connect(self):
         try:
-            conn = psycopg.connect(self.url, autocommit=True, row_factory=dict_row,
-                                   connect_timeout=CONNECT_TIMEOUT_S, application_name="synapolis",
-                                   options=f"-c lock_timeout={timeout} -c statement_timeout={timeout} "
-                                           "-c idle_in_transaction_session_timeout=60000 -c TimeZone=UTC")
+            conn = psycopg.connect(self.url, **self._connect_options())
         except psycopg.Error as exc:
             raise self._unreachable(exc) from None
         except UsageError:
@@ -794,27 +803,93 @@ class PostgresStore(base.Store):
             self._conn = self._connect()
         return self._conn
 
+    def _open_pool(self):
+        """The pool of a long-lived process (psycopg-pool, imported only here): up to POOL_MAX connections,
+        each checked against the schema when made, so threads (the MCP server's tools, the HTTP server's
+        requests) no longer wait for each other's transactions."""
+        from psycopg_pool import ConnectionPool
+
+        pool = ConnectionPool(self.url, min_size=1, max_size=POOL_MAX, kwargs=self._connect_options(),
+                              configure=self._ensure_schema, open=False, name="synapolis",
+                              # a failed attempt is given up at once and the next call asking for a
+                              # connection tries again: a backoff could leave a server that came back
+                              # unused for minutes
+                              reconnect_timeout=0)
+        pool.open(wait=False)
+        return pool
+
+    @contextlib.contextmanager
+    def _checkout(self):
+        """A connection for one transaction: the process's own (threads take turns), or one of the pool."""
+        if not self.pooled:
+            with self._lock:
+                yield self.connection()
+            return
+        from psycopg_pool import PoolTimeout
+
+        with self._lock:
+            if self._pool is None:
+                self._pool = self._open_pool()
+        try:
+            ctx = self._pool.connection(timeout=CONNECT_TIMEOUT_S)
+            conn = ctx.__enter__()
+        except PoolTimeout:
+            # no connection within the bound: name the cause (what a connection of our own meets), or busy
+            self._connect().close()
+            raise BusyError(f"store {self.where}: all {POOL_MAX} connections stayed busy for "
+                            f"{CONNECT_TIMEOUT_S} s") from None
+        try:
+            yield conn
+        except BaseException as exc:
+            ctx.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        else:
+            ctx.__exit__(None, None, None)
+
+    def _discard(self, conn) -> None:
+        """A connection found broken: closed, so that neither the process nor the pool uses it again."""
+        with contextlib.suppress(Exception):
+            conn.close()
+        if conn is self._conn:
+            self._conn = None
+
     @contextlib.contextmanager
     def transaction(self, begin: str = "BEGIN"):
-        """A transaction on the process's connection (serialised between threads): committed on success,
-        rolled back on any error; psycopg errors become BusyError / InternalError.
+        """A transaction on a connection of the process (`_checkout`): committed on success, rolled back on
+        any error; psycopg errors become BusyError / InternalError. A connection that died while idle (the
+        server restarted between two calls of a long-lived process) fails at BEGIN, before anything ran:
+        the transaction starts again once on a new connection, so the caller never sees it.
 
         (libpq's pipeline mode was measured: on a local server its client-side cost outweighs the round
         trips it saves, benchmarks/RESULTS.md; statements that belong together are fused instead.)
         """
-        with self._lock:
-            conn = self.connection()
-            try:
+        for attempt in (1, 2):
+            with self._checkout() as conn:
                 cur = conn.cursor()
-                cur.execute(begin)
-                yield cur
-                cur.execute("COMMIT")
-            except psycopg.Error as exc:
-                self._rollback(conn)
-                raise self._translate(exc) from None
-            except BaseException:
-                self._rollback(conn)
-                raise
+                try:
+                    cur.execute(begin)
+                except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                    self._discard(conn)
+                    if attempt == 2:
+                        raise self._translate(exc) from None
+                    if self._pool is not None:
+                        self._pool.check()  # the pool's other idle connections died with it: replaced
+                    continue
+                except psycopg.Error as exc:
+                    self._rollback(conn)
+                    raise self._translate(exc) from None
+                try:
+                    yield cur
+                    cur.execute("COMMIT")
+                except psycopg.Error as exc:
+                    if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
+                        self._discard(conn)
+                    self._rollback(conn)
+                    raise self._translate(exc) from None
+                except BaseException:
+                    self._rollback(conn)
+                    raise
+                return
 
     def _rollback(self, conn) -> None:
         if conn.closed:
@@ -822,7 +897,7 @@ class PostgresStore(base.Store):
         try:
             conn.execute("ROLLBACK")
         except Exception:  # noqa: BLE001 - a connection that cannot even roll back is not reused
-            self._drop()
+            self._discard(conn)
 
     def _ensure_schema(self, conn) -> None:
         """Create or upgrade the schema once; two machines doing it at once wait on one advisory lock."""
@@ -859,15 +934,16 @@ class PostgresStore(base.Store):
         on with this process's monotonic clock, which a change of the local wall clock does not move, and
         read again after CLOCK_ANCHOR_S. Within one process that saves a round trip per verb; two clocks
         drift apart by a few parts per million, microseconds over CLOCK_ANCHOR_S."""
-        with self._lock:
-            anchor = self._clock_anchor
-            if anchor is None or time.monotonic() - anchor[1] > CLOCK_ANCHOR_S:
-                conn = self.connection()
+        anchor = self._clock_anchor
+        if anchor is None or time.monotonic() - anchor[1] > CLOCK_ANCHOR_S:
+            with self._checkout() as conn:  # a new connection reads the clock for free (_ensure_schema)
                 anchor = self._clock_anchor
                 if anchor is None or time.monotonic() - anchor[1] > CLOCK_ANCHOR_S:
                     try:
                         moment = conn.execute("SELECT clock_timestamp() AS now").fetchone()["now"]
                     except psycopg.Error as exc:
+                        if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
+                            self._discard(conn)
                         raise self._translate(exc) from None
                     anchor = self._clock_anchor = (moment, time.monotonic())
         moment, at = anchor
@@ -876,6 +952,9 @@ class PostgresStore(base.Store):
     def close(self) -> None:
         with self._lock:
             self._drop()
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
 
     # -- sessions ----------------------------------------------------------------------------------
     def _session_row(self, cur, session_id):
@@ -932,6 +1011,10 @@ class PostgresStore(base.Store):
         if row is None:
             raise NotFoundError(f"unknown session {session_id!r}")
         return self._document(row)
+
+    def put_heartbeat_copy(self, doc, stamp):
+        with self.transaction() as cur:
+            _put_heartbeat(cur, doc, stamp)
 
     def heartbeat_copies(self):
         import json
