@@ -43,8 +43,7 @@ def token_matches(presented, stored) -> bool:
     Hashed: the two SHA-256 digests are compared. Their comparison need not take constant time: what
     timing could reveal is how far two digests agree, which leads at best to the stored digest (what
     session.db holds anyway), never to a token, since finding one from its digest is a preimage. The
-    clear form is compared with hmac.compare_digest; only that path pays for loading it (OpenSSL,
-    ~5 ms, which every call presenting a token would otherwise pay: tests/test_startup.py).
+    clear form is compared with hmac.compare_digest, imported on that path only (tests/test_startup.py).
     """
     if not isinstance(presented, str) or not isinstance(stored, str) or not stored:
         return False
