@@ -7,8 +7,8 @@ from datetime import datetime
 from .errors import NotFoundError, SynapolisError
 from .names import generate_session_id, validate_session_id
 from .status import registry_live, registry_window
-from .store import open_session, store_for
-from .timeutil import format_ts, utcnow
+from .store import clock, open_session, store_for
+from .timeutil import format_ts
 
 # registry statuses (EP-0118's CHECK); a declared `stopped` is `sleeping` there
 REGISTRY_STATUSES = ("active", "idle", "sleeping", "stale")
@@ -37,7 +37,7 @@ def create_session(ws, session_id: str | None = None, now: datetime | None = Non
 def ensure_session(ws, session_id: str | None = None, now: datetime | None = None) -> tuple[str, bool]:
     """(session id, created?): create the session unless it exists; of several processes on several
     machines creating one session at once, exactly one is told it created it."""
-    now = now or utcnow()
+    now = clock(ws, now)
     ws.ensure()
     session_id = validate_session_id(session_id) if session_id is not None else generate_session_id()
     return session_id, store_for(ws).create_session(session_id, format_ts(now))
@@ -54,12 +54,12 @@ def read_session(ws, session_id: str) -> dict:
 
 def end_session(ws, session_id: str, now: datetime | None = None) -> dict:
     """Mark a session `ended` (the last agent's consensus sleep does this)."""
-    return store_for(ws).set_session_status(session_id, "ended", format_ts(now or utcnow()))
+    return store_for(ws).set_session_status(session_id, "ended", format_ts(clock(ws, now)))
 
 
 def reopen_session(ws, session_id: str, now: datetime | None = None) -> dict:
     """Mark an ended session `active` again (an agent started in it by name)."""
-    return store_for(ws).set_session_status(session_id, "active", format_ts(now or utcnow()))
+    return store_for(ws).set_session_status(session_id, "active", format_ts(clock(ws, now)))
 
 
 def all_sessions(ws) -> list[dict]:
@@ -126,7 +126,7 @@ def flag_stale_in(tx, now: datetime, config) -> list[dict]:
 
 def flag_stale(ws, now: datetime | None = None) -> list[dict]:
     """For the watchdog: flag stale registry rows in every active session; returns what changed."""
-    now = now or utcnow()
+    now = clock(ws, now)
     changed = []
     for session_id, tx in each_store(ws, active_sessions(ws), write=True):
         changed += [{"session_id": session_id, **item} for item in flag_stale_in(tx, now, ws.config)]
