@@ -38,8 +38,22 @@ def interpreter() -> str:
         where = "a virtualenv"
     else:
         where = "NOT a virtualenv: site-wide .pth start-up imports weigh on both sides and flatter the ratio"
-    return (f"Interpreter `{sys.executable}` ({where}); bytecode compiled (a warm-up run caches it under a "
-            f"private PYTHONPYCACHEPREFIX, as an installed wheel ships it)")
+    return (f"Interpreter `{sys.executable}` ({where}; synapolis: {install_kind()}); bytecode compiled (a warm-up "
+            f"run caches it under a private PYTHONPYCACHEPREFIX, as an installed wheel ships it)")
+
+
+def install_kind() -> str:
+    """How synapolis is installed for this interpreter: an editable install adds a path (or a finder) that
+    every import of the console script goes through; a wheel does not."""
+    import json
+    from importlib import metadata
+
+    try:
+        text = metadata.distribution("synapolis").read_text("direct_url.json") or "{}"
+    except metadata.PackageNotFoundError:
+        return "not installed, the checkout on sys.path"
+    editable = json.loads(text).get("dir_info", {}).get("editable", False)
+    return "an editable install" if editable else "a non-editable install"
 
 
 def bench_env(tmp: Path) -> dict:

@@ -44,7 +44,7 @@ def _workspace(root: Path, **config) -> Workspace:
 
 
 def bench_sends(tmp: Path, count: int) -> dict:
-    ws = _workspace(tmp / "sends", rate_limit_per_min=10 ** 9)
+    ws = _workspace(tmp / "sends", rate_limit_per_min=10 ** 6)  # the most synapolis.json allows
     sid = actions.start(ws, agent_id="sender", env={})["session_id"]
     actions.start(ws, agent_id="sink", env={})
     store = SessionStore.open(ws, sid)
@@ -81,7 +81,7 @@ def bench_sends(tmp: Path, count: int) -> dict:
 
 def bench_cli(tmp: Path, runs: int) -> dict:
     state = tmp / "cli"
-    ws = _workspace(state, rate_limit_per_min=10 ** 9)
+    ws = _workspace(state, rate_limit_per_min=10 ** 6)  # the most synapolis.json allows
     sid = actions.start(ws, agent_id="alice", env={})["session_id"]
     actions.start(ws, agent_id="bob", env={})
     env = bench_env(tmp)
@@ -99,7 +99,7 @@ def bench_cli(tmp: Path, runs: int) -> dict:
 
 def bench_unread(tmp: Path, total: int, runs: int = 300) -> dict:
     """A session of `total` signals among 20 agents, 10% broadcasts; agent00 has 20 unread."""
-    ws = _workspace(tmp / "unread", rate_limit_per_min=10 ** 9)
+    ws = _workspace(tmp / "unread", rate_limit_per_min=10 ** 6)  # the most synapolis.json allows
     names = [f"agent{i:02d}" for i in range(20)]
     sid = None
     for name in names:

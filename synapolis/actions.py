@@ -223,14 +223,16 @@ WITHHELD_SHOWN = 500  # undelivered signals a `withheld` answer lists (the oldes
 
 def signals_pending(ws, who: Who | None = None, *, env=None, method: str = "poll", limit: int | None = None,
                     budget_chars: int | None = None, fits=None, status: str | None = None,
-                    withheld: bool = False, now: datetime | None = None) -> dict:
+                    withheld: bool = False, change_mark: bool = False, now: datetime | None = None) -> dict:
     """Drain the caller's undelivered signals (`poll`; hooks pass `hook`, which also redelivers).
 
     A page as big as read_signals' unless `limit`/`budget_chars` say otherwise; `fits(taken, candidate)`
     (a hook's answer budget) instead decides signal by signal, oldest first, so exactly the signals that
     fit are marked delivered. `status` goes into the heartbeat refresh (a hook: `active`). `withheld` adds
     the caller's unread signals still undelivered after the drain (the oldest WITHHELD_SHOWN), read in
-    the same transaction: what a hook summarises instead of showing.
+    the same transaction: what a hook summarises instead of showing. `change_mark` adds, when nothing at
+    all is unread after the drain, the store's change counter read in that transaction and the caller's
+    registered harness and substrate (else None): what a hook's quiet path remembers (harness.quiet).
     """
     check_limit(limit)
     if budget_chars is None and fits is None:
@@ -244,6 +246,10 @@ def signals_pending(ws, who: Who | None = None, *, env=None, method: str = "poll
             if withheld:
                 result["withheld"] = [s for s in sig.unread(conn, call.agent_id, limit=WITHHELD_SHOWN)
                                       if s.get("delivered_at") is None]
+            if change_mark:
+                mark = None if sig.unread(conn, call.agent_id, limit=1) else conn.change_mark()
+                result["change_mark"] = None if mark is None else {
+                    "mark": mark, "harness": call.row["harness"], "substrate": call.row["substrate"] or None}
             return result
 
 

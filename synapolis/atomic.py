@@ -234,6 +234,55 @@ def read_json_or(path: Path | str, default=None):
 
 # How long a blocking lock waits (the default busy_timeout_ms): our critical sections are short, so a
 # holder past this is stuck (a stopped process, a hung disk) and the caller gets BusyError, not a hang.
+# -- change counters ---------------------------------------------------------------------------------
+# A counter file is a hint for readers that want to skip work when nothing changed: `<epoch>:<count>`,
+# fixed width, rewritten in place by writers that already exclude each other. The epoch is random and
+# new whenever the file is (re)made, so a counter that was lost or reset never repeats a value a reader
+# remembers; a reader compares the whole text and treats anything it cannot read as "changed".
+_COUNTER_WIDTH = 16 + 1 + 20 + 1
+
+
+def _parse_counter(data: bytes) -> tuple[str, int] | None:
+    text = data.decode("ascii", "replace")
+    epoch, sep, count = text.rstrip("\n").partition(":")
+    if len(data) != _COUNTER_WIDTH or not sep or len(epoch) != 16 or not count.isdigit() or not count.isascii():
+        return None
+    return epoch, int(count)
+
+
+def bump_counter(path: str, mode: int = 0o600, create: bool = True) -> str:
+    """Add one to the counter at `path` (made when missing, unless not `create`: FileNotFoundError; restarted
+    when unreadable); its new text. The caller holds whatever lock orders the counter's writers."""
+    fd = os.open(path, os.O_RDWR | (os.O_CREAT if create else 0) | _CLOEXEC | _NOFOLLOW, mode)
+    try:
+        os.lseek(fd, 0, os.SEEK_SET)
+        parsed = _parse_counter(os.read(fd, 2 * _COUNTER_WIDTH))
+        if parsed is None:
+            os.ftruncate(fd, 0)
+        epoch, count = parsed if parsed is not None else (os.urandom(8).hex(), 0)
+        text = f"{epoch}:{count + 1:020d}\n"
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, text.encode("ascii"))
+    finally:
+        os.close(fd)
+    return text
+
+
+def read_counter(path: str) -> str | None:
+    """The counter's text, or None when it is missing or unreadable (for a reader: "changed")."""
+    try:
+        fd = os.open(path, _READ_FLAGS | _NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, 2 * _COUNTER_WIDTH)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return data.decode("ascii") if _parse_counter(data) is not None else None
+
+
 LOCK_TIMEOUT_S = 5.0
 
 

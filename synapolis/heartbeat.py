@@ -8,7 +8,7 @@ import re
 
 from .atomic import atomic_write_json, json_files, locked, read_bytes, read_json
 from .errors import UsageError
-from .names import check_text, validate_agent_id
+from .names import check_text, only_id_chars, validate_agent_id
 from .timeutil import now_ts, parse_ts
 
 TYPE_CHECKING = False
@@ -23,9 +23,8 @@ MAX_TEXT = 4096
 # used with fullmatch, never match: "$" also matches before a trailing newline ("a\n" must not pass)
 # a pattern, compiled by `re` on first use: readers need it, a beat does not (0.2 ms of start-up)
 _AGENT_PATTERN = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$"
-_SESSION_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
-# hours 00-23 and minutes 00-59 as RFC 3339 says (datetime.fromisoformat would take 24:00)
-_UTC_TS_RE = re.compile(r"^\d{4}-\d{2}-\d{2}T([01]\d|2[0-3]):[0-5]\d:\d{2}(\.\d{1,9})?Z$")
+# hours 00-23 and minutes 00-59 as RFC 3339 says (datetime.fromisoformat would take 24:00); compiled on first use
+_UTC_TS_PATTERN = r"^\d{4}-\d{2}-\d{2}T([01]\d|2[0-3]):[0-5]\d:\d{2}(\.\d{1,9})?Z$"
 
 
 def _is_int(value) -> bool:
@@ -52,7 +51,7 @@ def _is_number(value) -> bool:
 
 
 def _ts_ok(value) -> bool:
-    if not isinstance(value, str) or not _UTC_TS_RE.fullmatch(value):
+    if not isinstance(value, str) or not re.fullmatch(_UTC_TS_PATTERN, value):
         return False
     try:
         parse_ts(value)
@@ -94,7 +93,7 @@ def quick_check(doc) -> bool:
         return False
     if "session_id" in doc:
         sid = doc["session_id"]
-        if not (isinstance(sid, str) and len(sid) <= 128 and _SESSION_RE.fullmatch(sid) and sid not in (".", "..")):
+        if not (isinstance(sid, str) and len(sid) <= 128 and only_id_chars(sid) and sid not in (".", "..")):
             return False
     if "started_at" in doc and not _ts_ok(doc["started_at"]):
         return False

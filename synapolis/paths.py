@@ -6,6 +6,9 @@ import os
 
 from .names import validate_agent_id, validate_session_id
 
+# beside session.db: the counter a quiet hook compares (docs/HOOKS.md, "The quiet path")
+SESSION_CHANGES = "changes"
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: see StateFiles for why pathlib stays unloaded
     from pathlib import Path
@@ -153,6 +156,10 @@ class StateFiles:
 
     def session_notes(self, session_id: str):
         return self._at("sessions", validate_session_id(session_id), "notes.jsonl")
+
+    def session_changes(self, session_id: str):
+        """The SQLite store's change counter of a session (store.sqlite, harness.quiet)."""
+        return self._at("sessions", validate_session_id(session_id), SESSION_CHANGES)
 
     @property
     def memory_ledger(self):

@@ -7,7 +7,6 @@ transaction (SPEC-037). The decisions are here; the store only fetches and store
 
 from __future__ import annotations
 
-import re
 from datetime import datetime, timedelta
 
 from .errors import ForbiddenError, NotFoundError, RateLimitedError, UsageError
@@ -21,7 +20,7 @@ BROADCAST = "*"
 SYSTEM_SENDER = "synapolis.watchdog"
 MAX_HOOK_OFFERS = 3
 MIN_PREFIX = 8
-_HEX_RE = re.compile(r"^[0-9a-f]+$")
+_HEX = "0123456789abcdef"
 
 
 def signal_id(sender: str, recipient: str, type_: str, content: str, timestamp: str) -> str:
@@ -219,7 +218,7 @@ def _rate_limited(agent_id: str, tokens: float, rate: float) -> RateLimitedError
 def find_signal(tx, ref: str, agent_id: str | None = None):
     """The one signal a full id or a unique prefix (8+ hex) names; visible to `agent_id` when given."""
     text = ref.strip().lower() if isinstance(ref, str) else ""
-    if len(text) < MIN_PREFIX or len(text) > 64 or not _HEX_RE.match(text):
+    if len(text) < MIN_PREFIX or len(text) > 64 or text.strip(_HEX):
         raise UsageError(f"signal id {ref!r} must be a full id or a prefix of at least {MIN_PREFIX} hex characters")
     rows = tx.find_signals(text, 100)
     if agent_id is not None:

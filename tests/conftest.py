@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
@@ -16,6 +17,9 @@ from synapolis.workspace import Workspace
 
 # a fixed "now" for decision tests: time is a parameter, nobody sleeps
 NOW = datetime(2030, 1, 1, 12, 0, 0, tzinfo=timezone.utc)
+# Python 3.12+ opens the SQLite store with NO_CKPT_ON_CLOSE (Connection.setconfig), so session.db-wal and -shm
+# outlive a CLI call; on 3.10/3.11 the last connection to close checkpoints and deletes both (docs/SIGNALS.md)
+WAL_OUTLIVES_CLOSE = hasattr(sqlite3.Connection, "setconfig")
 
 
 def ago(seconds: float, now: datetime = NOW) -> str:

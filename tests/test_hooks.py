@@ -15,7 +15,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from synapolis import actions
-from synapolis.harness import hooks
+from synapolis.harness import hooks, quiet
 from conftest import clean_env, configure, synapolis_cmd, wait_until
 from synapolis.identity import Who
 from synapolis.timeutil import utcnow
@@ -311,12 +311,18 @@ time.sleep(60)
 """
 
 
+def lock_store(spawn, ws, session: str, tmp_path) -> None:
+    """Another process takes the session store's write lock and holds it until the test ends (spawn stops it)."""
+    ready = tmp_path / "locked"
+    spawn([sys.executable, "-c", LOCKER, ws.paths.session_db(session), ready])
+    wait_until(ready.exists, 20, "the child to take the lock")
+
+
 def test_a_locked_store_answers_within_the_bound(cli, hws, tmp_path, spawn):
     me = run(hws, "claude-code", "SessionStart")["agent_id"]
     session = json.loads(hws.paths.hook_state(me).read_text())["session_id"]
-    ready = tmp_path / "locked"
-    spawn([sys.executable, "-c", LOCKER, hws.paths.session_db(session), ready])
-    wait_until(ready.exists, 20, "the child to take the lock")
+    sender(hws)(me, "news: the hook must open the store for this")  # no quiet path: something new
+    lock_store(spawn, hws, session, tmp_path)
     done, took = _hook(cli, "claude-code", json.dumps(event("claude-code", "PostToolUse")))
     assert done.returncode == 0 and json.loads(done.stdout) == {}
     assert "locked" in done.stderr and took < hooks.HOOK_DEADLINE_S + 5
@@ -559,3 +565,201 @@ def test_session_end_of_a_conversation_never_registered_touches_nobody(hws):
 def run_allowing(ws, harness, name, conversation=CONV):
     """Like run(), but problems on stderr are allowed (they are part of what is tested)."""
     return hooks.handle(harness, json.dumps(event(harness, name, conversation)), state_dir=ws.root, env={})
+
+
+# -- the quiet path (harness.quiet): nothing new since the last drain, so no store is opened ---------------
+
+def _hook_state(ws, agent_id) -> dict:
+    return json.loads(ws.paths.hook_state(agent_id).read_text())
+
+
+def _registry_beat(ws, agent_id) -> str:
+    conn = sqlite3.connect(ws.paths.session_db(_hook_state(ws, agent_id)["session_id"]))
+    try:
+        return conn.execute("SELECT last_heartbeat FROM agents WHERE id = ?", (agent_id,)).fetchone()[0]
+    finally:
+        conn.close()
+
+
+def _traces(ws, agent_id) -> tuple:
+    """What a hook call leaves: the registry row's stamp and the heartbeat file's seq."""
+    return _registry_beat(ws, agent_id), json.loads(ws.paths.heartbeat(agent_id).read_text())["seq"]
+
+
+def _was_quiet(before: tuple, after: tuple) -> bool:
+    """The quiet path refreshes the heartbeat file but never the registry row; the full path refreshes both."""
+    return after[0] == before[0] and after[1] == before[1] + 1
+
+
+def _me(ws, agent_id) -> Who:
+    state = _hook_state(ws, agent_id)
+    return Who(agent_id, state["session_id"], state["run_token"])
+
+
+def test_a_hook_with_nothing_new_does_not_open_the_store(cli, hws, tmp_path, spawn):
+    """SessionStart drains an empty inbox and remembers it; with the store locked by another process, the
+    next tool call still answers at once, refreshes the heartbeat and says nothing about a lock."""
+    me = run(hws, "claude-code", "SessionStart")["agent_id"]
+    assert isinstance(_hook_state(hws, me)["quiet"]["mark"], str)
+    before = json.loads(hws.paths.heartbeat(me).read_text())
+    lock_store(spawn, hws, _hook_state(hws, me)["session_id"], tmp_path)
+    done, _took = _hook(cli, "claude-code", json.dumps(event("claude-code", "PostToolUse")))
+    assert done.returncode == 0 and json.loads(done.stdout) == {} and done.stderr == ""
+    after = json.loads(hws.paths.heartbeat(me).read_text())
+    assert after["seq"] == before["seq"] + 1 and after["status"] == "active" and after["beat_at"] >= before["beat_at"]
+    assert (after["harness"], after["session_id"]) == ("claude-code", before["session_id"])
+
+
+def test_a_signal_sent_after_the_memory_is_shown_once_then_quiet_again_after_its_ack(hws):
+    me = run(hws, "claude-code", "SessionStart")["agent_id"]
+    before = _traces(hws, me)
+    run(hws, "claude-code", "PostToolUse")
+    assert _was_quiet(before, _traces(hws, me))
+    sent = sender(hws)(me, "a fresh signal")
+    before = _traces(hws, me)
+    shown = run(hws, "claude-code", "PostToolUse")
+    assert shown["delivered"] == [sent["id"]] and sent["id"][:12] in context(shown)
+    assert not _was_quiet(before, _traces(hws, me))
+    assert "quiet" not in _hook_state(hws, me)  # shown but unacked: every call looks at the store (redelivery)
+    before = _traces(hws, me)
+    again = run(hws, "claude-code", "PostToolUse")
+    assert again["delivered"] == [] and context(again) == "" and not _was_quiet(before, _traces(hws, me))
+    assert deliveries(hws, me) == [(sent["id"], "hook", 1)]
+    actions.ack_signals(hws, _me(hws, me), [sent["id"]], env={}, piggyback=False)
+    run(hws, "claude-code", "PostToolUse")  # the full path finds the inbox empty and remembers it
+    assert "quiet" in _hook_state(hws, me)
+    before = _traces(hws, me)
+    run(hws, "claude-code", "PostToolUse")
+    assert _was_quiet(before, _traces(hws, me))
+
+
+def test_the_memory_lasts_at_most_the_window(hws):
+    me = run(hws, "claude-code", "SessionStart")["agent_id"]
+    state = _hook_state(hws, me)
+    state["quiet"]["at"] -= quiet.QUIET_FOR_S + 1  # remembered longer ago than the window
+    hws.paths.hook_state(me).write_text(json.dumps(state))
+    before = _traces(hws, me)
+    run(hws, "claude-code", "PostToolUse")
+    assert not _was_quiet(before, _traces(hws, me))  # the registry row is refreshed at least that often
+    assert _hook_state(hws, me)["quiet"]["at"] > state["quiet"]["at"] + quiet.QUIET_FOR_S
+
+
+@pytest.mark.parametrize("spoil", ["garbage", "missing", "idle", "ended", "postgres"])
+def test_anything_unusual_takes_the_full_path(hws, spoil):
+    me = run(hws, "claude-code", "SessionStart")["agent_id"]
+    session = _hook_state(hws, me)["session_id"]
+    folder = hws.paths.session_db(session).parent
+    env = {}
+    if spoil == "garbage":
+        (folder / "changes").write_text("0123456789abcdef:not a number\n")
+    elif spoil == "missing":
+        (folder / "changes").unlink()
+    elif spoil == "idle":
+        run(hws, "claude-code", "Stop")  # the registry says idle: the next tool call must say active there
+        assert "quiet" not in _hook_state(hws, me)
+    elif spoil == "ended":
+        document = json.loads(hws.paths.session_json(session).read_text())
+        hws.paths.session_json(session).write_text(json.dumps({**document, "status": "ended"}))
+    else:
+        env = {"SYNAPOLIS_STORE_URL": "postgresql://127.0.0.1:1/nowhere"}  # another store keeps no counter
+        assert not quiet.still_quiet(hws, _hook_state(hws, me), env, time.time())
+        return
+    before = _traces(hws, me)
+    run_allowing(hws, "claude-code", "PostToolUse")
+    assert not _was_quiet(before, _traces(hws, me))
+
+
+def test_the_counter_moves_before_the_send_commits(hws):
+    """A hook that reads the counter while a send is between its insert and its commit sees it changed, and
+    its full path then waits for that commit on the write lock: the signal is shown, never skipped."""
+    from synapolis import signals as sig
+    from synapolis.store import open_session
+    from synapolis.timeutil import utcnow
+
+    me = run(hws, "claude-code", "SessionStart")["agent_id"]
+    actions.start(hws, agent_id="bob", session_id=_hook_state(hws, me)["session_id"], env={}, write_identity=False)
+    assert not quiet.still_quiet(hws, _hook_state(hws, me), {}, time.time())  # bob's registration moved it
+    run(hws, "claude-code", "PostToolUse")
+    assert quiet.still_quiet(hws, _hook_state(hws, me), {}, time.time())
+    store = open_session(hws, _hook_state(hws, me)["session_id"])
+    try:
+        with store.write() as tx:
+            sig.send(tx, caller="bob", recipient=me, content="in flight", now=utcnow(), config=hws.config)
+            assert not quiet.still_quiet(hws, _hook_state(hws, me), {}, time.time())
+    finally:
+        store.close()
+    assert "in flight" in context(run(hws, "claude-code", "PostToolUse"))
+
+
+def test_a_rolled_back_send_leaves_no_false_quiet(hws):
+    """A send rolled back after its bump leaves the counter moved: one more full path, nothing else."""
+    from synapolis import signals as sig
+    from synapolis.store import open_session
+    from synapolis.timeutil import utcnow
+
+    me = run(hws, "claude-code", "SessionStart")["agent_id"]
+    actions.start(hws, agent_id="bob", session_id=_hook_state(hws, me)["session_id"], env={}, write_identity=False)
+    store = open_session(hws, _hook_state(hws, me)["session_id"])
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with store.write() as tx:
+                sig.send(tx, caller="bob", recipient=me, content="never", now=utcnow(), config=hws.config)
+                raise KeyboardInterrupt
+    finally:
+        store.close()
+    before = _traces(hws, me)
+    assert context(run(hws, "claude-code", "PostToolUse")) == ""
+    assert not _was_quiet(before, _traces(hws, me)) and "quiet" in _hook_state(hws, me)
+    sent = sender(hws, "carol")(me, "after the rollback")  # may reuse the rolled-back sequence number
+    assert sent["id"][:12] in context(run(hws, "claude-code", "PostToolUse"))
+
+
+RACER = r"""
+import random, sys, time
+from synapolis import actions
+from synapolis.identity import Who
+from synapolis.workspace import Workspace
+ws = Workspace.open(sys.argv[1])
+me, to, count, session = sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+for i in range(count):
+    actions.signal(ws, Who(me, session), to, f"{me} #{i}", env={})
+    time.sleep(random.uniform(0.05, 0.6))  # pauses: hooks find the inbox empty and go quiet in between
+"""
+
+
+def test_senders_racing_hooks_every_signal_shown_exactly_once(cli, hws, spawn):
+    """Real processes: two senders commit signals while the harness's hook (the console script) runs again
+    and again, the agent acknowledging what it was shown. Every signal is shown once, none twice, none
+    lost, exactly the shown ones are marked delivered, and the quiet path ran in between."""
+    me = run(hws, "claude-code", "SessionStart")["agent_id"]
+    session = _hook_state(hws, me)["session_id"]
+    for name in ("bob", "carol"):
+        actions.start(hws, agent_id=name, session_id=session, env={}, write_identity=False)
+    each = 15
+    racers = [spawn([sys.executable, "-c", RACER, hws.root, name, me, each, session]) for name in ("bob", "carol")]
+    shown: list[str] = []
+    quiet_runs = idle_after = 0
+    deadline = time.monotonic() + 300
+    while idle_after < 3 and time.monotonic() < deadline:
+        racing = any(r.poll() is None for r in racers)
+        before = _traces(hws, me)
+        done = cli("hook", "claude-code", input=json.dumps(event("claude-code", "PostToolUse")))
+        assert done.returncode == 0 and done.stderr == "", done.stderr
+        text = (json.loads(done.stdout).get("hookSpecificOutput") or {}).get("additionalContext", "")
+        ids = [line.split()[1] for line in text.splitlines() if line.startswith("[signal ")]
+        shown += ids
+        quiet_runs += _was_quiet(before, _traces(hws, me))
+        if ids:
+            actions.ack_signals(hws, _me(hws, me), ids, env={}, piggyback=False)
+        idle_after = 0 if (racing or ids) else idle_after + 1
+    assert [r.wait(timeout=60) for r in racers] == [0, 0]
+    conn = sqlite3.connect(hws.paths.session_db(session))
+    try:
+        sent = [r[0] for r in conn.execute("SELECT id FROM signals WHERE recipient = ?", (me,))]
+        marked = [r[0] for r in conn.execute("SELECT signal_id FROM signal_deliveries WHERE agent_id = ?", (me,))]
+    finally:
+        conn.close()
+    assert len(sent) == 2 * each
+    assert sorted(shown) == sorted(s[:12] for s in sent), (len(shown), len(set(shown)), quiet_runs)  # all, once
+    assert sorted(marked) == sorted(sent)  # marked delivered: exactly what was shown
+    assert quiet_runs >= 1, quiet_runs  # and some of them while the senders were still sending, usually

@@ -39,6 +39,8 @@ def tree(root) -> dict:
                 continue
             path = os.path.join(folder, name)
             st = os.stat(path)
+            if name.endswith("-wal") and st.st_size == 0:
+                continue  # an empty WAL a reader made after the last writer's close removed it (Python < 3.12)
             out[os.path.relpath(path, root)] = (st.st_size, st.st_mtime_ns)
     return out
 

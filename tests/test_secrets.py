@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import clean_env, NOW, synapolis_cmd
+from conftest import clean_env, NOW, WAL_OUTLIVES_CLOSE, synapolis_cmd
 from synapolis import actions
 from synapolis.errors import ForbiddenError
 from synapolis.identity import Who, hash_token
@@ -58,11 +58,13 @@ def a_working_day(state_dir, umask=0o022) -> dict:
 
 
 def secrets_in(root: Path, session_id: str) -> dict[Path, int]:
-    """Every path that holds (or leads only to) a secret, with the mode it must have."""
+    """Every path that holds (or leads only to) a secret, with the mode it must have: the WAL and its index
+    when they are there (see WAL_OUTLIVES_CLOSE)."""
     session = root / "sessions" / session_id
-    found = {root: 0o700, session: 0o700, root / "identity.json": 0o600}
-    for name in ("session.db", "session.db-wal", "session.db-shm"):
-        found[session / name] = 0o600
+    found = {root: 0o700, session: 0o700, root / "identity.json": 0o600, session / "session.db": 0o600}
+    for name in ("session.db-wal", "session.db-shm"):
+        if (session / name).exists():
+            found[session / name] = 0o600
     for path in (root / "hooks").glob("*.json"):
         found[path] = 0o600
     return found
@@ -76,8 +78,12 @@ def mode(path: Path) -> int:
 def test_every_secret_is_private_whatever_the_umask(state_dir, umask):
     day = a_working_day(state_dir, umask)
     secret = secrets_in(state_dir, day["session_id"])
-    assert (state_dir / "sessions" / day["session_id"] / "session.db-wal").exists()  # all three are checked
-    assert (state_dir / "sessions" / day["session_id"] / "session.db-shm").exists()
+    folder = state_dir / "sessions" / day["session_id"]
+    # 3.12+: the WAL and its index outlive the calls, so all three are checked here; 3.10/3.11: the last
+    # closer normally folds the WAL into the database and removes both (not when it cannot get the database
+    # to itself: then they stay, and are checked); their modes while they live: the next test
+    for name in ("session.db-wal", "session.db-shm"):
+        assert (folder / name).exists() or not WAL_OUTLIVES_CLOSE, name
     assert list((state_dir / "hooks").glob("*.json")), "the hook kept no state"
     for path, wanted in secret.items():
         assert mode(path) == wanted, f"{path.relative_to(state_dir.parent)} is {oct(mode(path))}"
@@ -116,7 +122,10 @@ def test_the_store_keeps_only_a_hash_of_each_run_token(state_dir):
     day = a_working_day(state_dir)
     folder = state_dir / "sessions" / day["session_id"]
     # the bytes first: closing the last connection (ours, below) folds the WAL into the database
+    assert (folder / "session.db-wal").exists() or not WAL_OUTLIVES_CLOSE
     for name in ("session.db", "session.db-wal"):
+        if not (folder / name).exists():
+            continue  # the WAL, removed by the last closer on Python 3.10/3.11
         raw = (folder / name).read_bytes()
         for agent in ("alice", "bob"):
             assert day[agent].encode() not in raw, f"{agent}'s token is in {name}"

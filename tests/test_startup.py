@@ -128,6 +128,35 @@ def test_hook_calls_load_neither_click_nor_anything_heavy(pair, state_dir):
     assert not names & (HEAVY | WEIGHTY | {"click"}), sorted(names & (HEAVY | WEIGHTY | {"click"}))
 
 
+def _modules(done: subprocess.CompletedProcess) -> set[str]:
+    """Every module (full dotted name) a run under -X importtime imported."""
+    return {line.split("|")[2].strip() for line in done.stderr.splitlines()
+            if line.startswith("import time:") and line.count("|") == 2 and line.split("|")[1].strip().isdigit()}
+
+
+def test_a_hook_with_nothing_new_loads_no_store(pair, state_dir):
+    """The quiet path (harness.quiet): nothing sent since the last drain, so neither sqlite3, the store,
+    the verbs nor `threading` (the hook's timer is a `_thread`) are imported. The control: after a send,
+    the same event takes the full path and does open the store."""
+    ws, _sid = pair
+    args = ("--state-dir", str(state_dir), "hook", "claude-code")
+    tool = _hook_event("PostToolUse", tool_name="Bash", tool_input={"command": "ls"})
+    _names, done = loaded(*args, stdin=_hook_event("SessionStart", source="startup"))
+    assert done.returncode == 0 and "additionalContext" in done.stdout, _stderr(done)
+    names, done = loaded(*args, stdin=tool)
+    assert done.returncode == 0 and json.loads(done.stdout) == {} and _stderr(done) == ""
+    modules = _modules(done)
+    assert not names & {"sqlite3", "threading", "click"}, sorted(names & {"sqlite3", "threading", "click"})
+    assert not {m for m in modules if m.startswith(("synapolis.store", "synapolis.actions", "synapolis.agent_call",
+                                                    "synapolis.signals", "synapolis.sessions"))}
+    assert "synapolis.harness.quiet" in modules and "synapolis.heartbeat" in modules  # it did refresh
+
+    actions.signal(ws, Who("alice"), agent_id_for("claude-code", CONVERSATION, env={}), "news", env={})
+    names, done = loaded(*args, stdin=tool)
+    assert done.returncode == 0 and "news" in done.stdout, _stderr(done)
+    assert "sqlite3" in names and "threading" in names  # the full path: the store (its lock) and the drain
+
+
 def test_hook_without_click_keeps_the_contract(state_dir):
     """The click-free path: garbage in is exit 0 with `{}` and a line on stderr; `--state-dir=DIR` and
     $SYNAPOLIS_STATE_DIR both name the state directory."""

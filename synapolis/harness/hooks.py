@@ -221,7 +221,7 @@ def save_state(ws, agent_id: str, document: dict) -> None:
     from ..atomic import atomic_write_json
 
     # it holds the run token: readable by this user only
-    atomic_write_json(ws.paths.hook_state(agent_id), document, durable=False, mode=0o600)
+    atomic_write_json(ws.files.hook_state(agent_id), document, durable=False, mode=0o600)  # a str: no pathlib
 
 
 # -- the work ---------------------------------------------------------------------------------
@@ -367,6 +367,14 @@ def _act(harness, event, name, kind, state_dir, env, result, now=None) -> None:
     key = agent_id_for(harness, conversation, env)
     ws = _workspace(state_dir, env, event).ensure()
     state = load_state(ws, key)
+    from ..timeutil import format_ts, utcnow
+    from . import quiet
+
+    moment = now if now is not None else utcnow()  # the quiet path is SQLite's only: the local clock
+    if kind == "deliver" and quiet.still_quiet(ws, state, env, moment.timestamp()):
+        result["agent_id"] = state["agent_id"]
+        quiet.refresh(ws, state, format_ts(moment))  # nothing new since the last drain: no store opened
+        return
     clean_env = _env_without_identity(env)
     if kind == "end" and not (state.get("run_token") and _session_active(ws, state.get("session_id"))):
         result["agent_id"] = state.get("agent_id") or key
@@ -382,13 +390,20 @@ def _act(harness, event, name, kind, state_dir, env, result, now=None) -> None:
             preamble.append(_identity_note(ws, state["agent_id"], state))
         try:
             _work(ws, harness, name, kind, state, preamble, clean_env, result, now)
-            return
+            break
         except ForbiddenError:
             if attempt == 2:
                 raise
             # our run token is not the slot's any more (someone took the stale slot over): register
             # afresh rather than act as whoever holds it now
             state = _register(ws, harness, key, conversation, event, env, problems, refresh=True, now=now)
+    if kind != "beat":  # a plain beat keeps the registry's status: what the quiet path knew still holds
+        changed = quiet.remembered(state, result.pop("quiet", None), moment.timestamp())
+        if changed is not None:
+            try:
+                save_state(ws, key, changed)
+            except OSError:  # not remembered: the next call takes the full path again
+                pass
 
 
 def _work(ws, harness, name, kind, state, preamble, env, result, now=None) -> None:
@@ -399,7 +414,7 @@ def _work(ws, harness, name, kind, state, preamble, env, result, now=None) -> No
         status = {"idle": "idle", "end": "stopped", "beat": None}[kind]
         actions.beat(ws, _who(state), status=status, env=env, piggyback=False, now=now)
         return
-    shown, waiting, text = _deliver(ws, harness, name, state, preamble, env, now)
+    shown, waiting, text, result["quiet"] = _deliver(ws, harness, name, state, preamble, env, now)
     result["delivered"] = [s["id"] for s in shown]
     result["withheld"] = [s["id"] for s in waiting]
     result["output"] = answer(harness, name, text)
@@ -422,12 +437,15 @@ def _deliver(ws, harness, name, state, preamble, env, now=None):
     budget = ContextBudget(harness, context_room(harness, name), preamble, ack_hint, read_hint)
     # `limit` only bounds what the store reads: no block is shorter than its 64-character header
     drained = actions.signals_pending(ws, _who(state), env=env, method="hook", status="active",
-                                      limit=max(budget.room // 64, 1), fits=budget.fits, withheld=True, now=now)
+                                      limit=max(budget.room // 64, 1), fits=budget.fits, withheld=True,
+                                      change_mark=True, now=now)
     taken, waiting = drained["pending_signals"], drained["withheld"]
     text = render_context(preamble, taken, waiting, ack_hint, read_hint)
     if budget.cost(text) > budget.room:
         raise RuntimeError(f"hook context of {budget.cost(text)} over the budget of {budget.room}")
-    return taken, waiting, text
+    # nothing unread at all, read under the store's write lock with the change counter: what the quiet
+    # path may rely on while that counter stays the same (harness.quiet)
+    return taken, waiting, text, drained["change_mark"]
 
 
 def _identity_note(ws, agent_id, state) -> str:
@@ -462,11 +480,15 @@ def run_bounded(harness: str, read_input, write_out, write_err, *, state_dir=Non
     and ends the process with exit 0. Anything already marked delivered but not printed is offered
     again later (hook redelivery), so giving up loses nothing.
     """
-    import threading
+    # the low-level `_thread` (documented, public) rather than `threading`: one lock and one thread are all
+    # this needs, and `threading` is about 1 ms of every hook call (a quiet one opens nothing else heavy)
+    import _thread
 
     env = os.environ if env is None else env
     deadline = deadline_s(env) if deadline is None else deadline
-    lock = threading.Lock()
+    lock = _thread.allocate_lock()
+    finished = _thread.allocate_lock()
+    finished.acquire()
     done = []
 
     def emit(text: str, problems: list[str]) -> bool:
@@ -486,9 +508,11 @@ def run_bounded(harness: str, read_input, write_out, write_err, *, state_dir=Non
         emit("{}", [f"gave up after {deadline:g}s (store busy or disk slow); answered with nothing"])
         os._exit(0)
 
-    timer = threading.Timer(deadline, give_up)
-    timer.daemon = True
-    timer.start()
+    def watch():  # the timer: a thread the interpreter does not wait for at exit
+        if not finished.acquire(timeout=min(deadline, _thread.TIMEOUT_MAX)):
+            give_up()
+
+    _thread.start_new_thread(watch, ())
     try:
         try:
             raw = read_input()
@@ -500,4 +524,4 @@ def run_bounded(harness: str, read_input, write_out, write_err, *, state_dir=Non
         emit(json.dumps(result["output"], ensure_ascii=False), result["problems"])
         return result
     finally:
-        timer.cancel()
+        finished.release()

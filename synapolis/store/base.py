@@ -31,6 +31,12 @@ class Transaction(abc.ABC):
         """Like `exclusive`, without waiting: False when another transaction holds `topic` now."""
         return True
 
+    def change_mark(self) -> str | None:
+        """In a write transaction: a text that changes whenever a signal is inserted or an agent registered or
+        restarted in this session, readable without opening the store (a hook's quiet path); None when this
+        store keeps no such mark."""
+        return None
+
     # -- the registry (EP-0118 `agents`) ------------------------------------------------------------
     @abc.abstractmethod
     def agent(self, agent_id: str):

@@ -10,10 +10,11 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
-import sys
 import threading
 
+from ..atomic import bump_counter, read_counter
 from ..errors import BusyError, InternalError, NotFoundError
+from ..paths import SESSION_CHANGES
 from . import base
 
 # 2: run tokens are kept as their SHA-256 (identity.hash_token), and the files are private (0600/0700)
@@ -158,55 +159,32 @@ def _statements(script: str):
 
 
 def _skip_checkpoint_on_close(conn) -> None:
-    """Ask SQLite not to checkpoint (and delete the WAL) when this connection closes.
+    """Ask SQLite not to checkpoint (and delete the WAL) when this connection closes: Python 3.12+ only.
 
     Every CLI call opens and closes the store once; closing the last connection otherwise runs a
-    checkpoint with two fsyncs and the next writer re-creates the WAL with another: about 20 ms of a
-    ~60 ms call on a VM disk. The WAL is still checkpointed automatically every 1000 pages, so it
-    stays bounded, and session.db + session.db-wal remain one consistent database.
+    checkpoint with fsyncs, and the next writer re-creates the WAL. The WAL is still checkpointed
+    automatically every 1000 pages and trimmed by `_trim_wal`, so it stays bounded, and session.db +
+    session.db-wal remain one consistent database. Python 3.10/3.11 have no `Connection.setconfig`;
+    there SQLite checkpoints on close as it does by default (benchmarks/bench_checkpoint.py measured the
+    difference at about 2 ms a call, not worth reaching into the connection through ctypes).
     """
     setconfig = getattr(conn, "setconfig", None)
-    if setconfig is not None:  # Python 3.12+
-        try:
-            setconfig(sqlite3.SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, True)
-        except (AttributeError, sqlite3.Error):
-            pass
-        return
-    # Python 3.10/3.11 have no setconfig: call sqlite3_db_config on the connection's handle, which
-    # CPython keeps as the first field after the object header. Only on builds where that holds.
-    if sys.implementation.name != "cpython" or sys.version_info[:2] not in ((3, 10), (3, 11)) \
-            or hasattr(sys, "gettotalrefcount"):
-        return
-    # The bare `_ctypes` (0.7 ms to import) rather than `ctypes` (3 ms, every CLI call): two C types
-    # and a plain call are all this needs.
-    global _DB_CONFIG
-    if _DB_CONFIG is False:
+    if setconfig is None:
         return
     try:
-        import _ctypes
-
-        if _DB_CONFIG is None:
-            import _sqlite3
-
-            class VoidP(_ctypes._SimpleCData):
-                _type_ = "P"
-
-            class Int(_ctypes._SimpleCData):
-                _type_ = "i"
-
-            address = _ctypes.dlsym(_ctypes.dlopen(_sqlite3.__file__, _ctypes.RTLD_LOCAL), "sqlite3_db_config")
-            _DB_CONFIG = (address, VoidP, Int)
-        address, VoidP, Int = _DB_CONFIG
-        handle = VoidP.from_address(id(conn) + object.__basicsize__).value
-        if handle:
-            _ctypes.call_function(address, (VoidP(handle), Int(_NO_CKPT_ON_CLOSE), Int(1), VoidP(None)))
-    except (ImportError, OSError, AttributeError, ValueError, TypeError):
-        _DB_CONFIG = False  # not available here: closing simply checkpoints, as SQLite does by default
+        setconfig(sqlite3.SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, True)
+    except (AttributeError, sqlite3.Error):  # an SQLite older than 3.16 has no such option: it checkpoints
+        pass
 
 
-_DB_CONFIG = None
-_NO_CKPT_ON_CLOSE = 1006  # SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE
 WAL_TRIM_BYTES = 512 * 1024
+
+
+def changes_path(db_path: str) -> str:
+    """`sessions/<id>/changes` beside the session's database (StateFiles.session_changes): a counter of what a
+    quiet hook must not miss (a signal inserted, an agent registered or restarted), bumped before each such
+    commit. A hint only."""
+    return os.path.join(os.path.dirname(db_path), SESSION_CHANGES)
 
 
 def _is_busy(exc: BaseException) -> bool:
@@ -236,11 +214,12 @@ class SqliteTransaction(base.Transaction):
     """A transaction on one session.db; `execute`/`executemany` reach the connection itself (tests and
     tools that inspect the SQLite file; the protocol code uses only the interface)."""
 
-    __slots__ = ("conn", "session_id")
+    __slots__ = ("conn", "session_id", "changes")
 
-    def __init__(self, conn, session_id: str):
+    def __init__(self, conn, session_id: str, changes: str | None = None):
         self.conn = conn
         self.session_id = session_id
+        self.changes = changes  # the session's change counter (changes_path); None in a read transaction
 
     def execute(self, sql, args=()):
         return self.conn.execute(sql, args)
@@ -264,11 +243,15 @@ class SqliteTransaction(base.Transaction):
                           "joined_seq, read_upto, delivered_upto, started_at) "
                           "VALUES (?, ?, ?, 'active', ?, ?, ?, ?, 0, 0, ?)",
                           (agent_id, harness, substrate, stamp, run_token, stamp, self.max_sequence(), stamp))
+        if self.changes is not None:
+            self._count_change()  # a slot a quiet hook may hold (synapolis.harness.quiet)
 
     def restart_agent(self, agent_id, *, harness, substrate, stamp, run_token):
         self.conn.execute("UPDATE agents SET harness = ?, substrate = ?, status = 'active', last_heartbeat = ?, "
                           "run_token = ?, started_at = ? WHERE id = ?",
                           (harness, substrate, stamp, run_token, stamp, agent_id))
+        if self.changes is not None:
+            self._count_change()  # maybe taken over from a quiet hook (synapolis.harness.quiet)
 
     def refresh_agent(self, agent_id, stamp, status):
         self.conn.execute("UPDATE agents SET last_heartbeat = ?, status = ? WHERE id = ?", (stamp, status, agent_id))
@@ -317,7 +300,36 @@ class SqliteTransaction(base.Transaction):
                                                 signal["lamport"], signal["reply_to"]))
         if caller is not None:
             self.raise_lamport(caller, signal["lamport"])
+        if self.changes is not None:
+            self._count_change()
         return cursor.lastrowid
+
+    def _count_change(self) -> None:
+        """Bump the change counter before the commit, under the write lock: whoever reads the counter and then
+        takes the lock sees this change (or its rollback). A hook skips the store while it is unchanged
+        (synapolis.harness.quiet), so a counter that cannot be bumped must not stay readable either. No
+        counter yet means no hook remembers one (change_mark makes it, under this same lock): nothing to do,
+        and a session without hooks pays nothing."""
+        try:
+            bump_counter(self.changes, create=False)
+        except FileNotFoundError:
+            return
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(self.changes)
+            if read_counter(self.changes) is not None:
+                raise InternalError(f"cannot update {self.changes}, nor remove it") from None
+
+    def change_mark(self):
+        if self.changes is None:
+            return None
+        mark = read_counter(self.changes)
+        if mark is None:  # never sent in, or lost: start it (under the write lock, like every bump)
+            try:
+                mark = bump_counter(self.changes)
+            except OSError:
+                return None
+        return mark
 
     def recent_signals(self, limit):
         return self.conn.execute(f"SELECT {_COLS} FROM signals s ORDER BY s.sequence DESC LIMIT ?",
@@ -577,7 +589,7 @@ class SessionStore(base.SessionStore):
             conn.execute("BEGIN IMMEDIATE")
             self._wrote = True
             try:
-                yield SqliteTransaction(conn, self.session_id)
+                yield SqliteTransaction(conn, self.session_id, changes_path(self.path))
             except BaseException:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")

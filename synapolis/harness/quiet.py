@@ -1,0 +1,72 @@
+"""A hook's quiet path: nothing sent in its session since it last found its inbox empty, so it answers from
+files alone (the heartbeat refreshed, no store opened).
+
+Hooks run on every tool call, and most calls find nothing new. The SQLite store bumps a counter file
+beside the session's database before each commit that inserts a signal or registers or restarts an
+agent, under its write lock (`store.sqlite.changes_path`). A hook whose drain found no unread signal at
+all remembers the counter's text it read inside that same write transaction; while the counter still
+reads the same, no signal has been inserted and nobody took a slot over since, so the inbox is still
+empty: nothing to show, nothing to mark delivered (honest delivery, contract §6/§8, is untouched: the
+quiet path shows and marks nothing). The memory lasts at most QUIET_FOR_S (and a quarter of
+stale_after_s), so the registry row is still refreshed that often, and a sender that does not bump the
+counter (an older synapolis on the same state directory) delays a hook by that much at worst. Anything
+unusual (another store, an ended session, a counter it cannot read, an idle or stopped agent) takes the
+full path. docs/HOOKS.md, "The quiet path", says why this never loses a signal.
+"""
+
+from __future__ import annotations
+
+QUIET_FOR_S = 30.0
+KEY = "quiet"
+
+
+def _sqlite(ws, env) -> bool:
+    # store.store_url's choice, without importing the store: only the SQLite store keeps the counter
+    url = env.get("SYNAPOLIS_STORE_URL") or ws.config.values.get("store") or "sqlite"
+    return isinstance(url, str) and not url.strip().startswith(("postgresql://", "postgres://"))
+
+
+def window_s(config) -> float:
+    return min(QUIET_FOR_S, float(config.stale_after_s) / 4)
+
+
+def still_quiet(ws, state: dict, env, now: float) -> bool:
+    """Whether `state` (hooks/<key>.json) proves the agent's inbox still empty at `now` (seconds since the
+    epoch): a memory younger than the window, its session active, the counter unchanged since."""
+    memory = state.get(KEY)
+    session_id = state.get("session_id")
+    if not (isinstance(memory, dict) and isinstance(memory.get("at"), (int, float)) and isinstance(memory.get("mark"), str)
+            and isinstance(session_id, str) and state.get("agent_id") and state.get("run_token")):
+        return False
+    if not 0 <= now - memory["at"] < window_s(ws.config) or not _sqlite(ws, env):
+        return False
+    from ..atomic import read_counter, read_json_or
+
+    try:
+        if read_counter(ws.files.session_changes(session_id)) != memory["mark"]:
+            return False
+        session = read_json_or(ws.files.session_json(session_id), None)
+    except (OSError, ValueError):  # a malformed session id, an unreadable file: the full path decides
+        return False
+    return isinstance(session, dict) and session.get("status") == "active"
+
+
+def refresh(ws, state: dict, now_stamp: str) -> dict:
+    """The heartbeat refresh the full path would write for a hook's delivering event: status active, the
+    registered harness and substrate, the session (an atomic replace, not fsynced, as every refresh)."""
+    from ..heartbeat import write_heartbeat
+
+    memory = state[KEY]
+    return write_heartbeat(ws.paths, state["agent_id"], harness=memory.get("harness"), status="active",
+                           substrate=memory.get("substrate"), session_id=state["session_id"], now=now_stamp,
+                           durable=False)
+
+
+def remembered(state: dict, found: dict | None, now: float) -> dict | None:
+    """The state to save after a full path: with the memory of `found` ({"mark", "harness", "substrate"}:
+    the drain found no unread signal), without one otherwise; None when nothing changes."""
+    if found is None:
+        if KEY not in state:
+            return None
+        return {k: v for k, v in state.items() if k != KEY}
+    return {**state, KEY: {**found, "at": now}}
