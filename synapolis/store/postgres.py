@@ -794,6 +794,10 @@ class PostgresStore(base.Store):
         if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
             self._drop()
             return BusyError(f"store {self.where} failed: {self._scrub(_cause(exc))}")
+        if isinstance(exc, psycopg.DataError) and "NUL (0x00)" in str(exc):
+            # PostgreSQL's text cannot hold U+0000 (SQLite's can): bad input, refused whole, nothing stored
+            return UsageError(f"store {self.where}: text with a NUL character (U+0000) cannot be stored in "
+                              "PostgreSQL; remove it and try again")
         if isinstance(exc, psycopg.IntegrityError):
             return InternalError(f"store {self.where}: {self._scrub(_cause(exc))}")
         return InternalError(f"store {self.where}: {self._scrub(_cause(exc))}")
