@@ -22,7 +22,7 @@ from synapolis.errors import BusyError
 from synapolis.identity import Who
 from synapolis.workspace import Workspace
 
-from conftest import PG_SCRIPT, clean_env, no_postgres, store_rows, use_store
+from conftest import PG_SCRIPT, clean_env, no_postgres, store_rows, use_store, wait_until
 
 FAST = {"rate_limit_per_min": 100000}
 
@@ -194,12 +194,20 @@ def test_one_watchdog_pass_across_machines(machines):
     assert out.returncode == 0 and json.loads(out.stdout)["ran"] is True
 
 
+def _all_ready(procs) -> None:
+    """Wait until every racer has imported and sits on its start line (each says `ready` first)."""
+    for proc in procs:
+        line = proc.stdout.readline()
+        assert line.strip() == "ready", (line, proc.poll() is not None and proc.stderr.read()[-500:])
+
+
 ESCALATOR = r"""
 import json, sys
 from synapolis.escalation import run_escalation
 from synapolis.monitor import run_monitor
 from synapolis.workspace import Workspace
 ws = Workspace.open(sys.argv[1])
+print("ready", flush=True)
 sys.stdin.readline()  # the start line: every pass goes at once
 run_monitor(ws)
 print(json.dumps(run_escalation(ws)["events"]))
@@ -244,7 +252,7 @@ def test_escalation_passes_racing_on_two_machines_open_one_incident(machines, tm
     procs = [subprocess.Popen([sys.executable, "-c", ESCALATOR, str(ws.root)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for ws in (laptop, runner, laptop, runner, laptop, runner)]
-    time.sleep(1.0)  # every racer has imported and waits on its start line
+    _all_ready(procs)
     for proc in procs:
         proc.stdin.write("go\n")
         proc.stdin.flush()
@@ -515,6 +523,15 @@ def _subscribed_to_alice(machines):
     return laptop, runner, sid, uri, subscriptions
 
 
+def _listening(url) -> bool:
+    """Whether a synapolis listener has run its LISTEN on the database (as its server sees it)."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        return bool(conn.execute("SELECT 1 FROM pg_stat_activity WHERE application_name = 'synapolis-listen' "
+                                 "AND query LIKE 'LISTEN%'").fetchall())
+
+
 def test_push_from_another_machines_cli_reaches_a_subscriber(machines):
     """LISTEN/NOTIFY: a signal sent by the runner's CLI wakes the laptop's MCP watcher for alice's inbox."""
     from synapolis.mcp.watch import SessionWatcher
@@ -529,7 +546,7 @@ def test_push_from_another_machines_cli_reaches_a_subscriber(machines):
 
     watcher = SessionWatcher(laptop, subscriptions, notify).start()
     try:
-        time.sleep(0.5)  # the listener connects (and re-checks: nothing new yet)
+        wait_until(lambda: _listening(laptop.config.store), 20, "the watcher's LISTEN on the database")
         assert notified == []
         out = run_cli(runner, "signal", "--agent-id", "bob", "--session-id", sid, "alice", "pushed")
         assert out.returncode == 0, out.stderr
@@ -610,6 +627,7 @@ from synapolis.errors import ConflictError
 from synapolis.workspace import Workspace
 ws = Workspace.open(sys.argv[1])
 me = sys.argv[2]
+print("ready", flush=True)
 sys.stdin.readline()  # the start line: every racer goes at once
 won = {}
 for item in [f"ticket:{i}" for i in range(10)]:
@@ -634,7 +652,7 @@ def test_eight_processes_race_for_ten_claims_across_machines(machines):
     procs = [subprocess.Popen([sys.executable, "-c", RACER, str((laptop if i % 2 else runner).root), f"r{i}"],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(8)]
-    time.sleep(1.0)  # every racer imported and waiting
+    _all_ready(procs)
     outs = [p.communicate("go\n", timeout=120) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-400:] for o in outs]
     won = [json.loads(o[0]) for o in outs]
