@@ -6,7 +6,7 @@ import os
 
 from .atomic import atomic_write_json, read_json
 from .errors import AmbiguousIdentityError, NoIdentityError, UsageError
-from .names import is_reserved, refuse_reserved, sha256, validate_agent_id, validate_session_id
+from .names import is_reserved, refuse_reserved, sha256_hex, validate_agent_id, validate_session_id
 from .timeutil import utcnow
 
 ENV_AGENT = "SYNAPOLIS_AGENT_ID"
@@ -29,7 +29,7 @@ def hash_token(token: str) -> str:
     a copy of session.db (a backup, another user who can read it) never yields a token to act with."""
     # surrogatepass: a token from argv or the environment that is not UTF-8 hashes to something that
     # matches nothing (exit 7), rather than failing to encode
-    return TOKEN_HASH_PREFIX + sha256(str(token).encode("utf-8", "surrogatepass")).hexdigest()
+    return TOKEN_HASH_PREFIX + sha256_hex(str(token).encode("utf-8", "surrogatepass"))
 
 
 def is_hashed(stored) -> bool:
@@ -43,8 +43,7 @@ def token_matches(presented, stored) -> bool:
     Hashed: the two SHA-256 digests are compared. Their comparison need not take constant time: what
     timing could reveal is how far two digests agree, which leads at best to the stored digest (what
     session.db holds anyway), never to a token, since finding one from its digest is a preimage. The
-    clear form is compared with hmac.compare_digest; only that path pays for loading it (OpenSSL,
-    ~5 ms, which every call presenting a token would otherwise pay: tests/test_startup.py).
+    clear form is compared with hmac.compare_digest, imported on that path only (tests/test_startup.py).
     """
     if not isinstance(presented, str) or not isinstance(stored, str) or not stored:
         return False

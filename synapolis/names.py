@@ -8,14 +8,6 @@ import re
 from .errors import ForbiddenError, UsageError
 from .timeutil import utcnow
 
-try:  # the builtin SHA-256 (ids of agents and signals): hashlib would load OpenSSL, ~6 ms of a CLI call
-    from _sha256 import sha256
-except ImportError:  # pragma: no cover - Python 3.12 renamed the builtin module
-    try:
-        from _sha2 import sha256
-    except ImportError:
-        from hashlib import sha256
-
 # ^[A-Za-z0-9_.-]+$ without `re`: a string made only of these is empty once stripped of them (no compile
 # on every CLI call)
 ID_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-"
@@ -26,6 +18,17 @@ MAX_ITEM = 200
 # the names synapolis itself speaks with (the watchdog's warnings come from `synapolis.watchdog`):
 # `synapolis` and everything under it, in any case, so nobody registers one, acts as one or sends as one
 RESERVED_ROOT = "synapolis"
+
+
+def sha256_hex(data: bytes) -> str:
+    """SHA-256 of `data` in hex: agent ids, signal ids and run tokens (contract §2, §5).
+
+    Through hashlib, the public road, imported here because it loads OpenSSL (about 3 ms of a CLI call;
+    benchmarks/RESULTS.md): a beat without a run token never pays it. Python's builtin `_sha256` module
+    would skip OpenSSL, but it is private (renamed `_sha2` in 3.12), and no private API buys speed here."""
+    from hashlib import sha256
+
+    return sha256(data).hexdigest()
 
 
 def _shown(value) -> str:
@@ -147,7 +150,7 @@ def generate_agent_id(substrate: str | None, harness: str | None, conversation_i
     # hmac, hashlib and OpenSSL): a hook derives an id on every call
     slug = slugify(substrate or harness)
     if conversation_id:
-        digest = sha256(conversation_id.encode("utf-8")).hexdigest()
+        digest = sha256_hex(conversation_id.encode("utf-8"))
         middle = digest[:8]
         tail = digest[8:12] if deterministic else os.urandom(2).hex()
     else:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from .errors import ForbiddenError, NotFoundError, RateLimitedError, UsageError
-from .names import check_content, is_subagent_of, sha256 as _sha256, validate_agent_id
+from .names import check_content, is_subagent_of, sha256_hex, validate_agent_id
 from .sessions import agent_row, is_live, ts
 
 TYPES = ("inform", "query", "delegate", "ack", "warn", "sleep_event", "sleep_request")
@@ -25,7 +25,7 @@ _HEX = "0123456789abcdef"
 
 def signal_id(sender: str, recipient: str, type_: str, content: str, timestamp: str) -> str:
     """EP-0118 §3: SHA-256 hex of `sender|recipient|type|content|timestamp`."""
-    return _sha256(f"{sender}|{recipient}|{type_}|{content}|{timestamp}".encode("utf-8")).hexdigest()
+    return sha256_hex(f"{sender}|{recipient}|{type_}|{content}|{timestamp}".encode("utf-8"))
 
 
 def is_visible(row, agent_id: str) -> bool:

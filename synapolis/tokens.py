@@ -8,7 +8,6 @@ written at most once a minute per token, so a busy client does not rewrite the f
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import os
 import re
@@ -17,7 +16,7 @@ from datetime import datetime
 
 from .atomic import atomic_write_json, locked, read_json
 from .errors import ConflictError, NotFoundError, UsageError
-from .names import validate_agent_id
+from .names import sha256_hex, validate_agent_id
 from .timeutil import format_ts, parse_ts, utcnow
 
 PREFIX = "syn_"  # says what a token is when it turns up in a log or a config file
@@ -27,7 +26,7 @@ _MAX_FILE = 4 << 20  # a planted huge file reads as invalid, never exhausts the 
 
 
 def digest(token: str) -> str:
-    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+    return sha256_hex(token.encode("utf-8", "surrogatepass"))
 
 
 def validate_name(name) -> str:

@@ -170,3 +170,38 @@ def test_the_guard_leaves_our_own_privates_and_pythons_alone():
             "        return self._x + self._g()\n    def _g(self):\n        return 2\n"
             "def h(a):\n    os._exit(0)\n    return a._x\n")
     assert private_api_uses({ROOT / "synapolis" / "_probe.py": ast.parse(code)}) == []
+
+
+# underscored, yet documented in the library reference with a stable interface (docs.python.org/3/library/_thread.html)
+DOCUMENTED_PYTHON_MODULES = {"_thread"}
+
+
+def private_python_modules(sources: dict[Path, ast.Module]) -> list[str]:
+    """Each import of one of Python's private modules (`_sha256`, `_ctypes`, `_operator`): they are the C halves
+    of public modules, renamed or changed without notice (`_sha256` became `_sha2` in 3.12)."""
+    found = []
+    for path, tree in sources.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if _private(top) and top in sys.stdlib_module_names and top not in DOCUMENTED_PYTHON_MODULES:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {name}")
+    return sorted(found)
+
+
+def test_no_private_module_of_python():
+    assert private_python_modules(_sources(*SCANNED)) == []
+
+
+def test_the_python_guard_sees_a_private_module_and_leaves_public_ones():
+    probe = ROOT / "synapolis" / "_probe.py"
+    code = "from __future__ import annotations\nimport os\nimport _thread\nimport hashlib\ntry:\n    from _sha256 import sha256\n" \
+           "except ImportError:\n    import _ctypes\n"
+    found = private_python_modules({probe: ast.parse(code)})
+    assert sorted(line.split(": ")[1] for line in found) == ["_ctypes", "_sha256"], found
