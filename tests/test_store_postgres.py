@@ -22,7 +22,7 @@ from synapolis.errors import BusyError
 from synapolis.identity import Who
 from synapolis.workspace import Workspace
 
-from conftest import PG_SCRIPT, clean_env, no_postgres, store_rows, use_store, wait_until
+from conftest import PG_SCRIPT, clean_env, console_script, no_postgres, store_rows, use_store, wait_until
 
 FAST = {"rate_limit_per_min": 100000}
 
@@ -413,42 +413,140 @@ def test_wrong_password_is_exit_8_and_never_shows_it(pg_url, tmp_path):
     assert "wrong-Passw0rd" not in str(caught.value)
 
 
-def test_server_stopped_and_started_between_calls(tmp_path, monkeypatch):
+@pytest.fixture
+def private_pg():
+    """(URL, cluster folder) of a PostgreSQL server of this test's own (scripts/synapolis-test-postgres), which
+    the test may stop and start (`pg_script("stop", folder)`) without disturbing the other tests' server;
+    destroyed afterwards."""
     done = subprocess.run(["bash", PG_SCRIPT, "start"], capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         no_postgres(f"cannot start a private PostgreSQL server: {done.stderr[-200:]}")
     found = dict(line.split("=", 1) for line in done.stdout.replace("export ", "").replace("'", "").split())
-    url, folder = found["SYNAPOLIS_TEST_PG_URL"], found["SYNAPOLIS_TEST_PG_DIR"]
     try:
-        ws = use_store(tmp_path / "state", url)
-        assert run_cli(ws, "start", "--agent-id", "alice", "--session-id", "s1").returncode == 0
-        subprocess.run(["bash", PG_SCRIPT, "stop", folder], check=True, capture_output=True, timeout=120)
-        out = run_cli(ws, "beat", "--agent-id", "alice", "--session-id", "s1")
-        _assert_busy_line(out, "127.0.0.1:", url.split(":")[2].split("@")[0])
-        assert json.loads(ws.paths.heartbeat("alice").read_text())["agent_id"] == "alice"  # the local beat landed
-        subprocess.run(["bash", PG_SCRIPT, "start", folder], check=True, capture_output=True, timeout=120)
-        out = run_cli(ws, "signal", "--agent-id", "alice", "--session-id", "s1", "*", "back again")
-        assert out.returncode == 0, out.stderr
-        # a long-lived process (this one) whose connections died with the server while idle: the next call
-        # starts its transaction again on a new connection, and works at once; with one connection, then
-        # with the pool of `synapolis mcp` / `serve`
-        from synapolis import store
-
-        for pooled in (False, True):
-            store.close_all()
-            monkeypatch.setattr(store, "_LONG_LIVED", pooled)
-            assert store.store_for(ws).pooled is pooled
-            actions.beat(ws, Who("alice", "s1"), env={})
-            subprocess.run(["bash", PG_SCRIPT, "stop", folder], check=True, capture_output=True, timeout=120)
-            subprocess.run(["bash", PG_SCRIPT, "start", folder], check=True, capture_output=True, timeout=120)
-            assert actions.beat(ws, Who("alice", "s1"), env={})["registered"] is True
-            sent = actions.signal(ws, Who("alice", "s1"), "*", f"after a restart, pooled={pooled}", env={})
-            assert sent["signal"]["sequence"] > 0
+        yield found["SYNAPOLIS_TEST_PG_URL"], found["SYNAPOLIS_TEST_PG_DIR"]
     finally:
         from synapolis.store import close_all
 
         close_all()
-        subprocess.run(["bash", PG_SCRIPT, "destroy", folder], capture_output=True, timeout=120)
+        subprocess.run(["bash", PG_SCRIPT, "destroy", found["SYNAPOLIS_TEST_PG_DIR"]], capture_output=True,
+                       timeout=120)
+
+
+def pg_script(*args) -> None:
+    """Run scripts/synapolis-test-postgres with `args` (stop DIR, start DIR), which must succeed."""
+    subprocess.run(["bash", PG_SCRIPT, *args], check=True, capture_output=True, timeout=120)
+
+
+def postmaster_started(url):
+    """When the server's postmaster started: it moves on at each restart."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        return conn.execute("SELECT pg_postmaster_start_time()").fetchone()[0]
+
+
+def test_server_stopped_and_started_between_calls(tmp_path, monkeypatch, private_pg):
+    url, folder = private_pg
+    ws = use_store(tmp_path / "state", url)
+    assert run_cli(ws, "start", "--agent-id", "alice", "--session-id", "s1").returncode == 0
+    pg_script("stop", folder)
+    out = run_cli(ws, "beat", "--agent-id", "alice", "--session-id", "s1")
+    _assert_busy_line(out, "127.0.0.1:", url.split(":")[2].split("@")[0])
+    assert json.loads(ws.paths.heartbeat("alice").read_text())["agent_id"] == "alice"  # the local beat landed
+    pg_script("start", folder)
+    out = run_cli(ws, "signal", "--agent-id", "alice", "--session-id", "s1", "*", "back again")
+    assert out.returncode == 0, out.stderr
+    # a long-lived process (this one) whose connections died with the server while idle: the next call
+    # starts its transaction again on a new connection, and works at once; with one connection, then
+    # with the pool of `synapolis mcp` / `serve`
+    from synapolis import store
+
+    for pooled in (False, True):
+        store.close_all()
+        monkeypatch.setattr(store, "_LONG_LIVED", pooled)
+        assert store.store_for(ws).pooled is pooled
+        actions.beat(ws, Who("alice", "s1"), env={})
+        pg_script("stop", folder)
+        pg_script("start", folder)
+        assert actions.beat(ws, Who("alice", "s1"), env={})["registered"] is True
+        sent = actions.signal(ws, Who("alice", "s1"), "*", f"after a restart, pooled={pooled}", env={})
+        assert sent["signal"]["sequence"] > 0
+
+
+@pytest.mark.filterwarnings("ignore:resources/subscribe is removed")  # the handshake-era subscribe, on purpose
+def test_a_real_mcp_process_outlives_a_server_restart(tmp_path, private_pg):
+    """A real `synapolis mcp` over stdio (it pools its connections: keep_connections()) keeps running while
+    the PostgreSQL server restarts under it: the next tool call works with no manual step, every signal
+    acknowledged before the restart is there exactly once, and its subscriber is pushed again."""
+    pytest.importorskip("mcp")
+    import anyio
+    from mcp import Client, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    from synapolis.mcp.watch import inbox_uri
+
+    url, folder = private_pg
+    ws = _config(use_store(tmp_path / "state", url), **FAST)
+    assert run_cli(ws, "start", "--agent-id", "alice", "--session-id", "s1").returncode == 0
+    params = StdioServerParameters(command=console_script("synapolis"), args=["--state-dir", str(ws.root), "mcp"],
+                                   env=clean_env())
+    errlog_path = tmp_path / "mcp-stderr.txt"
+    pushed: list[str] = []
+
+    async def on_message(message):
+        if getattr(message, "method", None) == "notifications/resources/updated":
+            pushed.append(message.params.uri)
+
+    async def tool(client, name, **args) -> dict:
+        result = await client.call_tool(name, args)
+        assert not result.is_error, result.content[0].text
+        return result.structured_content
+
+    async def cli(*args):
+        done = await anyio.to_thread.run_sync(lambda: run_cli(ws, *args))
+        assert done.returncode == 0, done.stderr
+        return done
+
+    async def main():
+        with open(errlog_path, "w") as errlog, anyio.fail_after(120):
+            async with Client(stdio_client(params, errlog=errlog), mode="legacy", message_handler=on_message) as bob:
+                assert (await tool(bob, "start_session", agent_id="bob", session_id="s1"))["session_id"] == "s1"
+                for i in range(3):
+                    await cli("signal", "--agent-id", "alice", "--session-id", "s1", "bob", f"before {i}")
+                before = (await tool(bob, "read_signals"))["signals"]
+                assert [s["content"] for s in before] == ["before 0", "before 1", "before 2"]
+                acked = (await tool(bob, "ack_signals", signal_ids=[s["id"] for s in before]))["acked"]
+                assert sorted(acked) == sorted(s["id"] for s in before)
+                mine = inbox_uri("s1", "bob")
+                await bob.subscribe_resource(mine)
+
+                # the server goes away and comes back (a new postmaster: every connection of the pool, and
+                # the listener's, is dead) while the MCP process keeps running
+                started_at = await anyio.to_thread.run_sync(postmaster_started, url)
+                await anyio.to_thread.run_sync(lambda: pg_script("stop", folder))
+                await anyio.to_thread.run_sync(lambda: pg_script("start", folder))
+                assert await anyio.to_thread.run_sync(postmaster_started, url) > started_at
+
+                # the next tool call works at once, and sees every acknowledged signal once, still read
+                after = (await tool(bob, "read_signals", unread_only=False))["signals"]
+                assert [s["id"] for s in after] == [s["id"] for s in before]
+                assert all(s["read"] is True for s in after)
+                assert (await tool(bob, "beat"))["pending_signals"] == []
+                # and its subscriber hears a signal stored after the restart (the listener reconnected)
+                await cli("signal", "--agent-id", "alice", "--session-id", "s1", "bob", "after the restart")
+                with anyio.fail_after(15):
+                    while mine not in pushed:
+                        await anyio.sleep(0.05)
+                fresh = (await tool(bob, "read_signals"))["signals"]
+                assert [s["content"] for s in fresh] == ["after the restart"]
+
+    anyio.run(main)
+    assert "Traceback" not in errlog_path.read_text()
+    # in the database itself: each signal once, each acknowledgement once
+    rows = store_rows(ws, "s1", "SELECT id, content FROM signals ORDER BY sequence")
+    assert [r["content"] for r in rows] == ["before 0", "before 1", "before 2", "after the restart"]
+    reads = store_rows(ws, "s1", "SELECT signal_id FROM signal_reads WHERE agent_id = ?", ("bob",))
+    assert sorted(r["signal_id"] for r in reads) == sorted(r["id"] for r in rows[:3])
 
 
 def test_a_long_lived_process_pools_its_connections(machines, monkeypatch):
