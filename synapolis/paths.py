@@ -169,6 +169,11 @@ class StateFiles:
     def hook_states(self):
         return self._at("hooks")
 
+    def hook_conversation(self, name: str):
+        # which hooks/<agent id>.json a conversation's hooks keep (harness.quiet.known_key): `name` is made of
+        # id characters and '~' only (quiet.index_name), so it is one path component
+        return self._at("hooks", "conversations", f"{name}.json")
+
     def hook_state(self, agent_id: str):
         # what a harness hook remembers between calls of one conversation (session, run token)
         return self._at("hooks", f"{validate_agent_id(agent_id)}.json")

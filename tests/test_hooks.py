@@ -161,6 +161,25 @@ def test_a_resumed_conversation_takes_its_slot_back_at_once(hws):
     assert json.loads(hws.paths.hook_state(first["agent_id"]).read_text())["run_token"] == token
 
 
+def test_a_conversations_index_entry_names_its_state_and_a_planted_one_is_not_followed(hws):
+    """harness.quiet's index (hooks/conversations/) saves the hash on later calls; it points at the state
+    file, which says whose it is: an entry naming another conversation's state is ignored, and the hook acts
+    as its own conversation's agent, as the contract's derived id says."""
+    mine = run(hws, "claude-code", "SessionStart", "conv-a")["agent_id"]
+    other = run(hws, "claude-code", "SessionStart", "conv-b")["agent_id"]
+    entry = hws.files.hook_conversation(quiet.index_name("claude-code", "conv-a", {}))
+    assert json.loads(open(entry).read()) == {"key": mine} and oct(os.stat(entry).st_mode & 0o777) == "0o600"
+    assert run(hws, "claude-code", "PostToolUse", "conv-a")["agent_id"] == mine
+    with open(entry, "w") as f:  # planted: conv-a's hooks pointed at conv-b's state (and run token)
+        json.dump({"key": other}, f)
+    assert run(hws, "claude-code", "PostToolUse", "conv-a")["agent_id"] == mine
+    assert json.loads(open(entry).read()) == {"key": mine}  # rewritten from the hash
+    with open(entry, "w") as f:  # not an id at all
+        json.dump({"key": "../../identity"}, f)
+    assert run(hws, "claude-code", "PostToolUse", "conv-a")["agent_id"] == mine
+    assert quiet.index_name("claude-code", "a/../b", {}) is None  # not id characters: no entry, hashed each time
+
+
 def test_first_event_without_session_start_registers_the_agent(hws):
     send = sender(hws)
     result = run(hws, "codex", "UserPromptSubmit")

@@ -44,10 +44,16 @@ def world(ws, tmp_path):
     ws.paths.memory_ledger.write_text(json.dumps({"text": "old memory", "norm": "old memory"}) + "\n")
     sleep.tired(ws, actions.Who("bob", sid), memories=["staged by bob"], env={})
     hook = run_limited(ws.root, "hook", "claude-code", input=HOOK_EVENT)
-    assert hook.returncode == 0 and len(os.listdir(ws.paths.hook_states)) == 1, hook.stderr
+    assert hook.returncode == 0 and len(_hook_states(ws)) == 1, hook.stderr
     outside = tmp_path / "outside.json"
     outside.write_bytes(OUTSIDE)
     return ws, sid, outside
+
+
+def _hook_states(ws, folder: str = "") -> list:
+    """The hook's files: its conversation states, or (folder "conversations") their index entries."""
+    where = ws.paths.hook_states / folder
+    return sorted(where / name for name in os.listdir(where) if name.endswith(".json"))
 
 
 def _plant(path, kind: str, outside) -> None:
@@ -90,14 +96,15 @@ def _files(ws, sid):
         "ledger": (ws.paths.memory_ledger, [["tired", *alice]]),
         "lock": (ws.paths.lock(f"notes.{sid}"), [["note", "n", *alice]]),
         "heartbeat lock": (ws.paths.lock("heartbeat.alice"), [["beat", *alice]]),
-        "hook state": (ws.paths.hook_states / os.listdir(ws.paths.hook_states)[0], [["hook", "claude-code"]]),
+        "hook state": (_hook_states(ws)[0], [["hook", "claude-code"]]),
+        "hook index": (_hook_states(ws, "conversations")[0], [["hook", "claude-code"]]),
         "session store": (ws.paths.session_db(sid), [
             ["beat", *alice], ["note", "n", *alice], ["list-agents"], ["status"], ["watchdog"], ["read-notes"]]),
     }
 
 
 FILE_KINDS = ["heartbeat", "claim", "identity", "session", "config", "monitor", "incident", "notes", "claims log",
-              "escalations log", "ledger", "lock", "heartbeat lock", "hook state", "session store"]
+              "escalations log", "ledger", "lock", "heartbeat lock", "hook state", "hook index", "session store"]
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -127,12 +127,12 @@ def test_hook_calls_load_neither_click_nor_anything_heavy(pair, state_dir):
     actions.signal(ws, Who("alice"), me, "review src/api.py please", env={})
     names, done = loaded(*args, stdin=_hook_event("PostToolUse", tool_name="Bash", tool_input={"command": "ls"}))
     assert done.returncode == 0 and "review src/api.py please" in done.stdout, _stderr(done)
-    # a hook hashes the conversation id into the agent's id (contract §2): hashlib, and nothing else weighty
+    # a delivering hook proves its run token (a SHA-256): hashlib, and nothing else weighty
     assert not names & (HEAVY | WEIGHTY - HASHING | {"click"}), sorted(names & (HEAVY | WEIGHTY - HASHING | {"click"}))
 
     names, done = loaded(*args, stdin=_hook_event("Stop"))
     assert done.returncode == 0 and json.loads(done.stdout) == {}, _stderr(done)
-    # a hook hashes the conversation id into the agent's id (contract §2): hashlib, and nothing else weighty
+    # a delivering hook proves its run token (a SHA-256): hashlib, and nothing else weighty
     assert not names & (HEAVY | WEIGHTY - HASHING | {"click"}), sorted(names & (HEAVY | WEIGHTY - HASHING | {"click"}))
 
 
@@ -154,7 +154,7 @@ def test_a_hook_with_nothing_new_loads_no_store(pair, state_dir):
     names, done = loaded(*args, stdin=tool)
     assert done.returncode == 0 and json.loads(done.stdout) == {} and _stderr(done) == ""
     modules = _modules(done)
-    assert not names & {"sqlite3", "threading", "click"}, sorted(names & {"sqlite3", "threading", "click"})
+    assert not names & {"sqlite3", "threading", "click", "hashlib"}, sorted(names & {"sqlite3", "threading", "click", "hashlib"})
     assert not {m for m in modules if m.startswith(("synapolis.store", "synapolis.actions", "synapolis.agent_call",
                                                     "synapolis.signals", "synapolis.sessions"))}
     assert "synapolis.harness.quiet" in modules and "synapolis.heartbeat" in modules  # it did refresh
@@ -177,7 +177,9 @@ def test_hook_without_click_keeps_the_contract(state_dir):
     assert done.returncode == 0 and "additionalContext" in done.stdout and "click" not in names, _stderr(done)
     names, done = loaded("hook", "codex", stdin=_hook_event("SessionStart"), env=_env(SYNAPOLIS_STATE_DIR=str(state_dir)))
     assert done.returncode == 0 and "click" not in names, _stderr(done)
-    assert len(os.listdir(state_dir / "hooks")) == 2  # one conversation state per harness, same state dir
+    # one conversation state per harness, same state dir, and each one's index entry (harness.quiet)
+    assert len([n for n in os.listdir(state_dir / "hooks") if n.endswith(".json")]) == 2
+    assert len(os.listdir(state_dir / "hooks" / "conversations")) == 2
 
     names, done = loaded("hook", "no-such-harness", stdin=_hook_event("Stop"), env=_env(SYNAPOLIS_STATE_DIR=str(state_dir)))
     assert done.returncode == 0 and json.loads(done.stdout) == {} and "unknown harness" in _stderr(done)

@@ -360,15 +360,25 @@ def handle(harness: str, raw: bytes | str, *, state_dir=None, env=None, now=None
 
 
 def _act(harness, event, name, kind, state_dir, env, result, now=None) -> None:
-    from ..errors import ForbiddenError
+    from ..errors import ForbiddenError, UsageError
+    from ..timeutil import format_ts, utcnow
+    from . import quiet
 
     problems = result["problems"]
     conversation = conversation_id(event)
-    key = agent_id_for(harness, conversation, env)
     ws = _workspace(state_dir, env, event).ensure()
-    state = load_state(ws, key)
-    from ..timeutil import format_ts, utcnow
-    from . import quiet
+    key = quiet.known_key(ws, harness, conversation, env)  # no SHA-256 on the usual call (harness.quiet)
+    try:
+        state = load_state(ws, key) if key else {}
+    except UsageError:  # not an id: the index entry is not ours
+        state = {}
+    indexed = bool(state) and state.get("conversation_id") == conversation and state.get("harness") == harness
+    if not indexed:
+        key = agent_id_for(harness, conversation, env)
+        state = load_state(ws, key)
+        if state:  # registered before the index existed, or the entry was wrong: (re)write it now
+            quiet.remember_key(ws, harness, conversation, env, key)
+            indexed = True
 
     moment = now if now is not None else utcnow()  # the quiet path is SQLite's only: the local clock
     if kind == "deliver" and quiet.still_quiet(ws, state, env, moment.timestamp()):
@@ -397,6 +407,8 @@ def _act(harness, event, name, kind, state_dir, env, result, now=None) -> None:
             # our run token is not the slot's any more (someone took the stale slot over): register
             # afresh rather than act as whoever holds it now
             state = _register(ws, harness, key, conversation, event, env, problems, refresh=True, now=now)
+    if not indexed:  # registered just now
+        quiet.remember_key(ws, harness, conversation, env, key)
     if kind != "beat":  # a plain beat keeps the registry's status: what the quiet path knew still holds
         changed = quiet.remembered(state, result.pop("quiet", None), moment.timestamp())
         if changed is not None:

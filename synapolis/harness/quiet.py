@@ -62,6 +62,53 @@ def refresh(ws, state: dict, now_stamp: str) -> dict:
                            durable=False)
 
 
+# -- which state file a conversation keeps, without hashing its id ------------------------------------
+# The agent id a hook acts as is derived from the conversation id by SHA-256 (contract §2), and hashlib
+# loads OpenSSL (about 3 ms, more than the rest of a quiet call's own work). The first full path writes
+# hooks/conversations/<harness>~<substrate>~<conversation>.json naming the state file; later calls read it
+# instead of hashing. The state file itself records its harness and conversation, so a wrong or planted
+# index entry is never followed (the caller checks, then hashes as before).
+
+def index_name(harness: str, conversation: str, env) -> str | None:
+    """The index file's name for this conversation, or None when a part is not made of id characters."""
+    from ..names import ID_CHARS
+
+    substrate = env.get("SYNAPOLIS_SUBSTRATE") or ""
+    parts = (harness, substrate, conversation)
+    if len(conversation) > 128 or len(substrate) > 128 or any(p.strip(ID_CHARS) for p in parts) or not conversation:
+        return None
+    return "~".join(parts)
+
+
+def known_key(ws, harness: str, conversation: str, env) -> str | None:
+    """The hooks/<key>.json this conversation's hooks keep, as the index says (unchecked: see above)."""
+    from ..atomic import read_json_or
+
+    name = index_name(harness, conversation, env)
+    if name is None:
+        return None
+    document = read_json_or(ws.files.hook_conversation(name), None)
+    key = document.get("key") if isinstance(document, dict) else None
+    return key if isinstance(key, str) and key else None
+
+
+def remember_key(ws, harness: str, conversation: str, env, key: str) -> None:
+    """Write the index entry (best effort: without it the next call hashes, as before)."""
+    import os
+
+    from ..atomic import atomic_write_json
+
+    name = index_name(harness, conversation, env)
+    if name is None:
+        return
+    path = ws.files.hook_conversation(name)
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        atomic_write_json(path, {"key": key}, durable=False, mode=0o600)
+    except OSError:
+        pass
+
+
 def remembered(state: dict, found: dict | None, now: float) -> dict | None:
     """The state to save after a full path: with the memory of `found` ({"mark", "harness", "substrate"}:
     the drain found no unread signal), without one otherwise; None when nothing changes."""
