@@ -270,15 +270,20 @@ def send(tx, *, caller: str | None, recipient: str, content: str, now: datetime,
     lamport = clock + 1
     moment = now
     while True:
-        stamp = ts(moment)
-        signal = {"id": signal_id(sender, recipient, type_, content, stamp), "sequence": None, "timestamp": stamp,
-                  "sender": sender, "recipient": recipient, "type": type_, "content": content, "lamport": lamport,
-                  "reply_to": reply_id}
+        signal = _new_signal(sender, recipient, type_, content, moment, lamport, reply_id)
         signal["sequence"] = tx.insert_signal(signal, caller)  # and the caller's clock goes up to `lamport`
         if signal["sequence"] is not None:
             break
         moment = moment + timedelta(microseconds=1)  # the same message twice in one microsecond: a new id
     return signal, audience(rows, now, config)
+
+
+def _new_signal(sender, recipient, type_, content, moment: datetime, lamport, reply_id) -> dict:
+    """The row a send stores, stamped `moment` (its id hashes the stamp: a retry one microsecond later is new)."""
+    stamp = ts(moment)
+    return {"id": signal_id(sender, recipient, type_, content, stamp), "sequence": None, "timestamp": stamp,
+            "sender": sender, "recipient": recipient, "type": type_, "content": content, "lamport": lamport,
+            "reply_to": reply_id}
 
 
 def _send_in_one_call(tx, *, caller, sender, recipient, type_, content, now, config, rate_limited):
@@ -288,10 +293,7 @@ def _send_in_one_call(tx, *, caller, sender, recipient, type_, content, now, con
     rate = float(config.rate_limit_per_min) if rate_limited and caller is not None else None
     moment = now
     while True:
-        stamp = ts(moment)
-        signal = {"id": signal_id(sender, recipient, type_, content, stamp), "sequence": None, "timestamp": stamp,
-                  "sender": sender, "recipient": recipient, "type": type_, "content": content, "lamport": None,
-                  "reply_to": None}
+        signal = _new_signal(sender, recipient, type_, content, moment, None, None)
         outcome = tx.send_signal(signal, caller=caller, candidates=candidates, rate=rate, moment=now.timestamp())
         if outcome is None:
             return None
