@@ -27,6 +27,15 @@ def synapolis_cmd() -> list[str]:
     return [found] if found else [sys.executable, "-m", "synapolis"]
 
 
+def bench_parser(doc: str) -> "argparse.ArgumentParser":
+    """A benchmark's command line: its docstring's first line as the description, and `--no-write`."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    return parser
+
+
 def machine() -> str:
     return f"{platform.node()} · {platform.system()} {platform.release()} · {os.cpu_count()} CPUs · " \
            f"Python {platform.python_version()}"

@@ -19,7 +19,6 @@ Skipped with a reason in RESULTS.md when Agent Mail's interpreter is missing. Wr
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -31,7 +30,7 @@ import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from _common import bench_env, machine, publish, synapolis_cmd
+from _common import bench_env, bench_parser, machine, publish, synapolis_cmd
 
 import anyio  # noqa: E402
 from mcp import Client, StdioServerParameters  # noqa: E402
@@ -202,13 +201,12 @@ async def fetch(system, count: int) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--agent-mail-python", default="/tmp/agentmail-venv/bin/python")
     parser.add_argument("--sends", type=int, default=30)
     parser.add_argument("--senders", type=int, nargs="*", default=[8, 32])
     parser.add_argument("--each", type=int, default=10)
     parser.add_argument("--fetch", type=int, nargs="*", default=[100, 10_000, 100_000])
-    parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     command = (f"`python benchmarks/bench_agent_mail.py --sends {args.sends} --senders "
                f"{' '.join(map(str, args.senders))} --each {args.each} --fetch {' '.join(map(str, args.fetch))}`")

@@ -16,7 +16,6 @@ Writes its section of benchmarks/RESULTS.md.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -28,7 +27,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from _common import bench_env, machine, publish, synapolis_cmd
+from _common import bench_env, bench_parser, machine, publish, synapolis_cmd
 
 import anyio  # noqa: E402
 from mcp import Client, StdioServerParameters  # noqa: E402
@@ -134,10 +133,9 @@ def measure(tmp: Path, count: int, calls: int, env: dict) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--signals", type=int, default=100_000)
     parser.add_argument("--calls", type=int, default=21)
-    parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-backlog-"))
     try:

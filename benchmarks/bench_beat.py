@@ -10,7 +10,6 @@ alike. Writes its section of benchmarks/RESULTS.md.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import statistics
@@ -18,16 +17,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import bench_env, interpreter, machine, synapolis_cmd, timed, publish, ratio_table
+from _common import bench_env, bench_parser, interpreter, machine, publish, ratio_table, synapolis_cmd, timed
 
 SECTION = "bench_beat"
 TARGET = 1.5
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--runs", type=int, default=30)
-    parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-beat-"))

@@ -16,7 +16,6 @@ Run it under 3.11 and 3.12 to see both sides of the shipped choice.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import statistics
@@ -24,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import HERE, bench_env, interpreter, machine, publish, ratio_table, timed
+from _common import HERE, bench_env, bench_parser, interpreter, machine, publish, ratio_table, timed
 
 # one section per side of the shipped choice: 3.10/3.11 (no setconfig) and 3.12+
 SECTION = "bench_checkpoint" if sys.version_info < (3, 12) else "bench_checkpoint_py312"
@@ -68,9 +67,8 @@ VARIANTS = {
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--runs", type=int, default=40)
-    parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-ckpt-"))

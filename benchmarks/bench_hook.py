@@ -9,7 +9,6 @@ sides alike; each measured the median of N runs. Writes its section of benchmark
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -18,15 +17,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import bench_env, interpreter, machine, synapolis_cmd, timed, publish, ratio_table
+from _common import bench_env, bench_parser, interpreter, machine, publish, ratio_table, synapolis_cmd, timed
 
 SECTION = "bench_hook"
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--runs", type=int, default=25)
-    parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     args = parser.parse_args()
 
     from synapolis import actions

@@ -14,7 +14,6 @@ protocol); the SDK's default tool schemas before our trimming. Writes its sectio
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -27,7 +26,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from _common import bench_env, machine, synapolis_cmd, publish
+from _common import bench_env, bench_parser, machine, publish, synapolis_cmd
 
 SECTION = "bench_mcp"
 
@@ -329,11 +328,10 @@ async def run(args) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--signals", type=int, default=40)
     parser.add_argument("--spaced", type=int, default=20, help="calls 1.1 s apart, per server, of ping and two verbs")
-    parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     args = parser.parse_args()
     text = anyio.run(run, args)
     publish(SECTION, text, write=not args.no_write)

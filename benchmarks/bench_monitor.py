@@ -10,7 +10,6 @@ of benchmarks/RESULTS.md.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -24,7 +23,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from _common import bench_env, machine, synapolis_cmd, publish
+from _common import bench_env, bench_parser, machine, publish, synapolis_cmd
 
 
 SECTION = "bench_monitor"
@@ -90,10 +89,9 @@ def _cpu() -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--files", type=int, default=10_000)
     parser.add_argument("--passes", type=int, default=5)
-    parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     args = parser.parse_args()
 
     from synapolis.monitor import run_monitor

@@ -11,7 +11,6 @@ alternate, medians reported; files as bench_monitor.populate makes them (1% brea
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import statistics
@@ -20,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import machine, publish
+from _common import bench_parser, machine, publish
 from bench_monitor import json_load_all, populate
 
 SECTION = "bench_monitor_scale"
@@ -47,11 +46,10 @@ def measure(root: Path, files: int, passes: int) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--small", type=int, default=1_000)
     parser.add_argument("--large", type=int, default=50_000)
     parser.add_argument("--passes", type=int, default=5)
-    parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-monitor-scale-"))
     try:

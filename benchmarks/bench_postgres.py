@@ -18,7 +18,6 @@ The server: $SYNAPOLIS_TEST_PG_URL, else a throwaway one from scripts/synapolis-
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -31,7 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-from _common import HERE, bench_env, interpreter, machine, publish, ratio_table, synapolis_cmd, timed
+from _common import HERE, bench_env, bench_parser, interpreter, machine, publish, ratio_table, synapolis_cmd, timed
 
 import psycopg
 
@@ -98,6 +97,15 @@ def bench_sends(tmp: Path, url: str, count: int, chunk: int = 20) -> dict:
     rounds = max(count // chunk, 5)
     rates = {"raw": [], "store": [], "composed": [], "verb": []}
     n = 0
+
+    def store_sends(kind):  # `chunk` sends through signals.send, each in its own store write transaction
+        started = time.perf_counter()
+        for i in range(chunk):
+            with store.write() as tx:
+                signals.send(tx, caller="sender", recipient="sink", content=f"{kind} {n} {i}",
+                             now=clock(ws), config=ws.config)
+        rates[kind].append(chunk / (time.perf_counter() - started))
+
     for _ in range(rounds):
         started = time.perf_counter()
         for _i in range(chunk):
@@ -107,19 +115,9 @@ def bench_sends(tmp: Path, url: str, count: int, chunk: int = 20) -> dict:
                         (sid, f"{n:064x}", "2030-01-01T00:00:00.000000Z", "sender", "sink", "inform", f"raw {n}", n))
             raw.commit()
         rates["raw"].append(chunk / (time.perf_counter() - started))
-        started = time.perf_counter()
-        for i in range(chunk):
-            with store.write() as tx:
-                signals.send(tx, caller="sender", recipient="sink", content=f"store {n} {i}",
-                             now=clock(ws), config=ws.config)
-        rates["store"].append(chunk / (time.perf_counter() - started))
+        store_sends("store")
         with composed_sends():  # the same sends without the store's one-call send: before, in this run
-            started = time.perf_counter()
-            for i in range(chunk):
-                with store.write() as tx:
-                    signals.send(tx, caller="sender", recipient="sink", content=f"composed {n} {i}",
-                                 now=clock(ws), config=ws.config)
-            rates["composed"].append(chunk / (time.perf_counter() - started))
+            store_sends("composed")
         started = time.perf_counter()
         for i in range(chunk // 4):
             actions.signal(ws, Who("sender", sid), "sink", f"verb {n} {i}", env={}, piggyback=False)
@@ -246,13 +244,12 @@ def bench_many_agents(tmp: Path, url: str, agents: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--sends", type=int, default=2000)
     parser.add_argument("--runs", type=int, default=21)
     parser.add_argument("--agents", type=int, default=1000)
     parser.add_argument("--push", type=int, default=30)
     parser.add_argument("--per-writer", type=int, default=100)
-    parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     admin_url, cluster = server()
     try:

@@ -10,7 +10,6 @@ notes were read from the end, the 200 MB run parsed every line (845 MiB of memor
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -18,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import bench_env, interpreter, machine, publish, synapolis_cmd
+from _common import bench_env, bench_parser, interpreter, machine, publish, synapolis_cmd
 
 SECTION = "bench_read_notes"
 
@@ -55,10 +54,9 @@ def notes_state(root: Path, megabytes: float) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--mb", type=float, default=200)
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

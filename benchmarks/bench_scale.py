@@ -14,7 +14,6 @@ Runs alternate between the two sides of each comparison; medians. Writes its sec
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -25,7 +24,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from _common import machine, publish
+from _common import bench_parser, machine, publish
 
 from synapolis import actions, claims, signals  # noqa: E402
 from synapolis.heartbeat import write_heartbeat  # noqa: E402
@@ -142,11 +141,10 @@ def signal_costs(tmp: Path, runs: int) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--signals", type=int, default=100_000)
     parser.add_argument("--history", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=201)
-    parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-scale-"))
     try:

@@ -17,7 +17,6 @@ moves less than wall time. Writes its section of benchmarks/RESULTS.md.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -32,7 +31,7 @@ import warnings
 from datetime import datetime
 from pathlib import Path
 
-from _common import bench_env, machine, publish, synapolis_cmd
+from _common import bench_env, bench_parser, machine, publish, synapolis_cmd
 
 SECTION = "bench_serve"
 CLIENTS = Path(__file__).resolve().parents[1] / "tests" / "clients"
@@ -326,10 +325,9 @@ def run(args) -> str:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--signals", type=int, default=40)
-    parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     publish(SECTION, run(args), write=not args.no_write)
 

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -24,7 +23,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from _common import bench_env, interpreter, machine, synapolis_cmd, timed, publish
+from _common import bench_env, bench_parser, interpreter, machine, publish, synapolis_cmd, timed
 
 from synapolis import actions, signals
 from synapolis.identity import Who
@@ -147,11 +146,10 @@ def bench_unread(tmp: Path, total: int, runs: int = 300) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--sends", type=int, default=2000)
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--signals", type=int, default=100_000)
-    parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-signals-"))
     try:

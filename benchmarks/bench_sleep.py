@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -23,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import call_ms, machine, publish
+from _common import bench_parser, call_ms, machine, publish
 
 SECTION = "bench_sleep"
 
@@ -95,9 +94,8 @@ def consolidation(tmp: Path, ledger_lines: int, runs: int) -> tuple[list[float],
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--runs", type=int, default=15)
-    parser.add_argument("--no-write", action="store_true", help="Print only; leave RESULTS.md alone.")
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-sleep-"))

@@ -18,7 +18,6 @@ interpreter, e.g. a virtualenv with a non-editable install or another Python ver
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -28,16 +27,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _common import bench_env, interpreter, machine, publish, synapolis_cmd, timed
+from _common import bench_env, bench_parser, interpreter, machine, publish, synapolis_cmd, timed
 
 SECTION = "bench_startup"
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = bench_parser(__doc__)
     parser.add_argument("--runs", type=int, default=21)
     parser.add_argument("--label", default="", help="a second section (bench_startup_LABEL) for another interpreter")
-    parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
 
     from synapolis import actions
