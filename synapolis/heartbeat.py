@@ -208,7 +208,7 @@ def write_heartbeat(paths, agent_id: str, *, harness: str | None = None, status:
                  substrate=substrate, ttl_s=None if ttl_s is _UNSET else ttl_s)
     files = paths.files  # plain strings: a beat never loads pathlib
     path = files.heartbeat(agent_id)
-    os.makedirs(files.heartbeats, exist_ok=True)
+    # heartbeats/ is made by atomic_write_bytes when missing (no makedirs on every refresh)
     with locked(files.lock(f"heartbeat.{agent_id}")):
         try:
             previous = read_json(path)
