@@ -98,6 +98,7 @@ def test_agent_verbs_load_nothing_heavy(pair, state_dir, verb):
     json.loads(done.stdout)  # a real answer, not an error that stopped early
     assert not names & HEAVY, sorted(names & HEAVY)
     assert not names & WEIGHTY, sorted(names & WEIGHTY)
+    assert "threading" not in names  # the store's lock is a _thread.RLock (threading is ~1 ms)
     # a signal's id is a SHA-256 (contract §7), computed without OpenSSL; nothing else hashes
     assert ("synapolis.sha256" in _modules(done)) == (verb[0] == "signal")
     assert "click" not in names  # the plain form of a hot verb never needs it (synapolis.cli.fast)
@@ -153,8 +154,8 @@ def _modules(done: subprocess.CompletedProcess) -> set[str]:
 
 def test_a_hook_with_nothing_new_loads_no_store(pair, state_dir):
     """The quiet path (harness.quiet): nothing sent since the last drain, so neither sqlite3, the store,
-    the verbs nor `threading` (the hook's timer is a `_thread`) are imported. The control: after a send,
-    the same event takes the full path and does open the store."""
+    the verbs, `threading` (the hook's timer is a `_thread`), datetime nor contextlib are imported. The
+    control: after a send, the same event takes the full path and does open the store."""
     ws, _sid = pair
     args = ("--state-dir", str(state_dir), "hook", "claude-code")
     tool = _hook_event("PostToolUse", tool_name="Bash", tool_input={"command": "ls"})
@@ -171,7 +172,8 @@ def test_a_hook_with_nothing_new_loads_no_store(pair, state_dir):
     actions.signal(ws, Who("alice"), agent_id_for("claude-code", CONVERSATION, env={}), "news", env={})
     names, done = loaded(*args, stdin=tool)
     assert done.returncode == 0 and "news" in done.stdout, _stderr(done)
-    assert "sqlite3" in names and "threading" in names  # the full path: the store (its lock) and the drain
+    assert "sqlite3" in names  # the full path: the store and the drain
+    assert not names & {"threading", "hashlib"}  # its lock is a _thread.RLock; the token's hash plain Python
 
 
 def test_hook_without_click_keeps_the_contract(state_dir):
