@@ -111,6 +111,8 @@ def answer(harness: str, event: str, context: str | None) -> dict:
 # -- the context text ---------------------------------------------------------------------------
 
 def _utf16_units(text: str) -> int:
+    if text.isascii():  # one unit a character, without loading the UTF-16 codec on a hook's call
+        return len(text)
     return len(text.encode("utf-16-le", "surrogatepass")) // 2
 
 
