@@ -9,7 +9,6 @@ import re
 from .atomic import atomic_write_json, json_files, locked, read_bytes, read_json
 from .errors import UsageError
 from .names import check_text, only_id_chars, validate_agent_id
-from .timeutil import now_ts, parse_ts
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: the hot paths never load pathlib (paths.StateFiles)
@@ -55,16 +54,32 @@ _ts_shape = None  # re.compile(_UTC_TS_PATTERN).fullmatch, on first use (a monit
 
 
 def _ts_ok(value) -> bool:
+    """Whether `value` is a stamp in the heartbeat's shape that timeutil.parse_ts reads."""
     global _ts_shape
     if _ts_shape is None:
         _ts_shape = re.compile(_UTC_TS_PATTERN).fullmatch
     if not isinstance(value, str) or not _ts_shape(value):
         return False
+    if not _real_date(value):
+        return False
+    if value.isascii() and len(value) in (20, 24, 27):  # no fraction or 3 or 6 digits: fromisoformat's own
+        return True
+    from .timeutil import parse_ts  # datetime, and dateutil on 3.10: only for unusual fractions
+
     try:
         parse_ts(value)
     except ValueError:
         return False
     return True
+
+
+def _real_date(stamp: str) -> bool:
+    """Year, month, day and second of a stamp of _UTC_TS_PATTERN's shape in range, as datetime checks them
+    (no leap second), without importing datetime: a hook's heartbeat refresh checks its `started_at`."""
+    year, month, day, second = int(stamp[:4]), int(stamp[5:7]), int(stamp[8:10]), int(stamp[17:19])
+    leap = year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
+    days = (31, 29 if leap else 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+    return year >= 1 and 1 <= month <= 12 and 1 <= day <= days[month - 1] and second <= 59
 
 
 _REQUIRED_KEYS = frozenset(REQUIRED)
@@ -231,7 +246,7 @@ def write_heartbeat(paths, agent_id: str, *, harness: str | None = None, status:
             previous = {}
         prev_seq = previous.get("seq")
         seq = prev_seq + 1 if _is_int(prev_seq) and prev_seq >= 0 else 1
-        stamp = now or now_ts()
+        stamp = now or _now_ts()
         doc = {
             "schema_version": SCHEMA_VERSION,
             "agent_id": agent_id,
@@ -265,6 +280,12 @@ def write_heartbeat(paths, agent_id: str, *, harness: str | None = None, status:
         # durable=False (refreshes by other verbs): still atomic, just no fsync on the hot path
         atomic_write_json(path, doc, durable=durable)
     return doc
+
+
+def _now_ts() -> str:
+    from .timeutil import now_ts  # datetime: a quiet hook passes its own stamp and never loads it
+
+    return now_ts()
 
 
 def _hostname() -> str:
