@@ -350,6 +350,12 @@ def drain_page(tx, agent_id: str, method: str, now: datetime, config, limit: int
     if budget_chars is None and fits is None:  # a caller's own `fits` (a hook's exact measure) replaces it
         budget_chars = PAGE_BUDGET_CHARS
     floor = state["delivered_upto"]
+    newest = tx.signals_above(floor, QUICK_LOOK) if method != "hook" else None  # a hook also redelivers
+    if newest is not None and len(newest) <= QUICK_LOOK and not _any_new(newest, agent_id, state):
+        # nothing here for the reader: no inbox query, and the watermark moves past what it cannot see
+        if newest:
+            tx.set_delivered_upto(agent_id, newest[0]["sequence"])
+        return [], 0
     fresh = [dict(as_dict(r), offers=0) for r in tx.visible_signals(
         agent_id, max(floor, state["joined_seq"]), floor, unread=True, undelivered=True, limit=limit + 1)]
     again = []
@@ -371,6 +377,10 @@ def drain_page(tx, agent_id: str, method: str, now: datetime, config, limit: int
         remaining = tx.count_visible(agent_id, max(above, state["joined_seq"]), above, unread=True,
                                      undelivered=True, cap=COUNT_CAP)
     if not chosen:
+        if not fresh and newest:
+            # every signal the reader sees up to the newest one is delivered, read or history: the next
+            # drain looks only above it (and, when nothing new is there, with signals_above alone)
+            tx.set_delivered_upto(agent_id, newest[0]["sequence"])
         return [], remaining
     stamp = ts(now)
     new_ids = [s["id"] for s in chosen if s["offers"] == 0]
@@ -397,6 +407,17 @@ def drain_page(tx, agent_id: str, method: str, now: datetime, config, limit: int
             s["offer"] = offers
         out.append(s)
     return out, remaining
+
+
+QUICK_LOOK = 16  # signals above the watermark a drain inspects itself before it runs the inbox query
+
+
+def _any_new(above, agent_id: str, state) -> bool:
+    """Whether any of `above` (signals above the reader's delivered watermark, Transaction.signals_above)
+    may be one a drain hands the reader: one it sees, a broadcast only above the floor of its history."""
+    bfloor = max(state["delivered_upto"], state["joined_seq"])
+    return any(is_visible(row, agent_id) and (row["recipient"] != BROADCAST or row["sequence"] > bfloor)
+               for row in above)
 
 
 def mark_delivered(tx, agent_id: str, signals: list, method: str, now: datetime) -> None:
@@ -430,6 +451,9 @@ def has_undelivered(tx, agent_id: str) -> bool:
     if state is None:
         return False
     floor = state["delivered_upto"]
+    above = tx.signals_above(floor, QUICK_LOOK)
+    if above is not None and len(above) <= QUICK_LOOK and not _any_new(above, agent_id, state):
+        return False
     return tx.first_visible_sequence(agent_id, max(floor, state["joined_seq"]), floor, unread=True,
                                      undelivered=True) is not None
 

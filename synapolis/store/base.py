@@ -111,6 +111,13 @@ class Transaction(abc.ABC):
         composes it from the operations above (the SQLite store, where a call costs no round trip)."""
         return None
 
+    def signals_above(self, floor: int, limit: int) -> list | None:
+        """Optional, for a store where a call costs no round trip: the newest signals numbered above `floor`
+        (`sequence`, `sender`, `recipient`), newest first, at most `limit + 1` of them (so more than `limit`
+        means "`limit` or more"). None: not offered (a drain then runs its inbox query at once). A drain
+        that finds none of a few of them visible to its reader needs no inbox query (signals.drain_page)."""
+        return None
+
     @abc.abstractmethod
     def recent_signals(self, limit: int) -> list:
         """The newest `limit` signals of the session, newest first, whoever they are for (the dashboard)."""
