@@ -11,7 +11,8 @@ from datetime import datetime, timedelta
 
 from .errors import ForbiddenError, NotFoundError, RateLimitedError, UsageError
 from .names import check_content, is_subagent_of, sha256_hex, validate_agent_id
-from .sessions import agent_row, is_live, ts
+from .sessions import agent_row, ts
+from .status import registry_liveness
 
 TYPES = ("inform", "query", "delegate", "ack", "warn", "sleep_event", "sleep_request")
 METHODS = ("startup_drain", "piggyback", "poll", "push", "hook")
@@ -190,11 +191,12 @@ def _unknown_caller(caller: str) -> NotFoundError:
 
 def audience(rows, now: datetime, config) -> dict:
     """Which recipients are live and which the signal waits for (stale, asleep, stopped)."""
-    live = [r["id"] for r in rows if is_live(r, now, config)]
-    waiting = [r["id"] for r in rows if not is_live(r, now, config)]
-    status = {r["id"]: ("stale" if r["status"] in ("active", "idle") else r["status"])
-              for r in rows if r["id"] in waiting}
-    return {"live": live, "waiting": waiting, "waiting_status": status}
+    live_now = registry_liveness(now, config)
+    judged = [(r, live_now(r)) for r in rows]
+    waiting = [r for r, live in judged if not live]
+    status = {r["id"]: ("stale" if r["status"] in ("active", "idle") else r["status"]) for r in waiting}
+    return {"live": [r["id"] for r, live in judged if live], "waiting": [r["id"] for r in waiting],
+            "waiting_status": status}
 
 
 def take_token(tx, agent_id: str, now: datetime, config) -> None:
