@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
@@ -71,6 +70,9 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL  # Python adds O_CLOEXEC itself (PEP 446)
+
+
 def atomic_write_bytes(path: Path | str, data: bytes, durable: bool = True, mode: int = 0o644) -> None:
     """Write `data` to `path` so a reader sees the old or the new file, never a part.
 
@@ -79,19 +81,26 @@ def atomic_write_bytes(path: Path | str, data: bytes, durable: bool = True, mode
     """
     folder, name = os.path.split(os.fspath(path))
     folder = folder or "."
-    os.makedirs(folder, exist_ok=True)
     tmp = os.path.join(folder, f"{TEMP_PREFIX}{name}.{os.getpid()}.{os.urandom(4).hex()}{TEMP_SUFFIX}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
+        fd = os.open(tmp, _CREATE_FLAGS, mode)
+    except (FileNotFoundError, NotADirectoryError):
+        # the folder is missing (or is not one): made here, or makedirs says why it cannot be; the usual
+        # case (it exists) costs no extra system calls
+        os.makedirs(folder, exist_ok=True)
+        fd = os.open(tmp, _CREATE_FLAGS, mode)
+    try:
+        try:
+            view = memoryview(data)
+            while view:  # os.write may write less than asked; plain system calls, no buffered file object
+                view = view[os.write(fd, view):]
             if durable:
-                os.fsync(handle.fileno())
+                os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        _quietly(os.unlink, tmp)
         if isinstance(exc, OSError) and exc.filename in (None, tmp):
             # say which file could not be written (a directory in its place...), not our temporary name
             raise OSError(exc.errno, exc.strerror, os.fspath(path)) from None
@@ -100,39 +109,52 @@ def atomic_write_bytes(path: Path | str, data: bytes, durable: bool = True, mode
         _fsync_dir(folder)
 
 
-@contextlib.contextmanager
-def restorable(*paths):
+def _quietly(action, *args) -> None:
+    """`action(*args)`, an OSError ignored (cleaning up after a failure that is already being raised)."""
+    try:
+        action(*args)
+    except OSError:
+        pass
+
+
+class restorable:
     """Keep the files now at `paths` for the body; if the body raises, put every one back as it was.
 
     The old files are kept as hard links (temp names, so readers skip them) and renamed back on failure,
     which needs no free space: several files and a log entry (JsonlLog) change all together or not at
-    all, even on a full disk. A file that did not exist is removed again.
+    all, even on a full disk. A file that did not exist is removed again. (A class, as `locked`: contextlib
+    is not imported on a hook's quiet path.)
     """
-    kept = []  # (path, backup or None)
-    try:
-        for path in map(os.fspath, paths):
-            folder, name = os.path.split(path)
-            backup = os.path.join(folder or ".", f"{TEMP_PREFIX}{name}.{os.getpid()}.{os.urandom(4).hex()}.previous"
-                                  f"{TEMP_SUFFIX}")
-            try:
-                os.link(path, backup, follow_symlinks=False)
-            except FileNotFoundError:
-                backup = None
-            kept.append((path, backup))
-        yield
-    except BaseException:
-        for path, backup in reversed(kept):
-            with contextlib.suppress(OSError):
-                if backup is not None:
-                    os.replace(backup, path)
+
+    def __init__(self, *paths):
+        self.paths = paths
+        self.kept = []  # (path, backup or None)
+
+    def __enter__(self) -> None:
+        try:
+            for path in map(os.fspath, self.paths):
+                folder, name = os.path.split(path)
+                backup = os.path.join(folder or ".", f"{TEMP_PREFIX}{name}.{os.getpid()}.{os.urandom(4).hex()}"
+                                      f".previous{TEMP_SUFFIX}")
+                try:
+                    os.link(path, backup, follow_symlinks=False)
+                except FileNotFoundError:
+                    backup = None
+                self.kept.append((path, backup))
+        except BaseException:
+            self.__exit__(*sys.exc_info())
+            raise
+
+    def __exit__(self, kind, value, traceback) -> None:
+        if kind is not None:
+            for path, backup in reversed(self.kept):
+                if backup is None:
+                    _quietly(os.unlink, path)
                 else:
-                    os.unlink(path)
-        raise
-    finally:
-        for _path, backup in kept:
+                    _quietly(os.replace, backup, path)
+        for _path, backup in self.kept:
             if backup is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(backup)
+                _quietly(os.unlink, backup)
 
 
 def dumps(document) -> str:
@@ -305,29 +327,46 @@ def _lock_within(fd: int, what, timeout: float) -> None:
         delay = min(delay * 2, 0.005)
 
 
-@contextlib.contextmanager
-def locked(lock_path: Path | str, blocking: bool = True, timeout: float | None = None):
+class locked:
     """An exclusive advisory lock on `lock_path` (created if missing) for the `with` body.
 
-    With `blocking=False`, yields False at once when someone else holds it; otherwise waits up to
-    `timeout` seconds (LOCK_TIMEOUT_S by default), then raises BusyError.
+    With `blocking=False`, `with` gives False at once when someone else holds it; otherwise waits up to
+    `timeout` seconds (LOCK_TIMEOUT_S by default), then raises BusyError. (A class rather than a
+    contextlib.contextmanager: contextlib is not imported on a hook's quiet path.)
     """
-    _make_parent(lock_path)
-    # never through a planted link (it would create a file elsewhere), never a FIFO or a device
-    fd = open_regular(lock_path, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _NONBLOCK | _CLOEXEC, 0o644)
-    try:
-        if blocking:
-            _lock_within(fd, lock_path, LOCK_TIMEOUT_S if timeout is None else timeout)
-            got = True
-        else:
-            got = _try_lock_fd(fd)
+
+    def __init__(self, lock_path: Path | str, blocking: bool = True, timeout: float | None = None):
+        self.lock_path, self.blocking, self.timeout = lock_path, blocking, timeout
+        self.fd: int | None = None
+        self.got = False
+
+    def __enter__(self) -> bool:
+        # never through a planted link (it would create a file elsewhere), never a FIFO or a device
+        flags = os.O_RDWR | os.O_CREAT | _NOFOLLOW | _NONBLOCK | _CLOEXEC
         try:
-            yield got
-        finally:
-            if got:
+            fd = open_regular(self.lock_path, flags, 0o644)
+        except (FileNotFoundError, NotADirectoryError):  # no lock folder yet (or a file in its place: makedirs says)
+            _make_parent(self.lock_path)
+            fd = open_regular(self.lock_path, flags, 0o644)
+        try:
+            if self.blocking:
+                _lock_within(fd, self.lock_path, LOCK_TIMEOUT_S if self.timeout is None else self.timeout)
+                self.got = True
+            else:
+                self.got = _try_lock_fd(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+        return self.got
+
+    def __exit__(self, *exc) -> None:
+        fd, self.fd = self.fd, None
+        try:
+            if self.got:
                 _unlock_fd(fd)
-    finally:
-        os.close(fd)
+        finally:
+            os.close(fd)
 
 
 class JsonlLog:
@@ -400,9 +439,11 @@ class JsonlLog:
         self._truncate(offset)
 
     def _truncate(self, size: int) -> None:
-        with contextlib.suppress(OSError):
+        try:
             os.ftruncate(self.fd, size)
             os.fsync(self.fd)
+        except OSError:
+            pass
 
 
 def append_jsonl(path: Path | str, *records: dict, verify: bool = False) -> int:

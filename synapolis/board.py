@@ -74,8 +74,8 @@ def note_appender(ws, session_id: str):
     raises after the append (the same verb's store transaction failed), the note is taken back, so a
     verb that fails has appended nothing and a retry never duplicates it.
     """
-    path = ws.paths.session_notes(session_id)
-    with locked(ws.paths.lock(f"notes.{session_id}")), JsonlLog(path) as log:
+    path = ws.files.session_notes(session_id)  # a str: a `note` never loads pathlib
+    with locked(ws.files.lock(f"notes.{session_id}")), JsonlLog(path) as log:
         appended = []
 
         def add(agent_id: str, text: str, now: datetime) -> dict:
@@ -105,7 +105,7 @@ def read_notes(ws, session_id: str, limit: int = 50) -> list[dict]:
     newest notes, not the whole bus."""
     check_limit(limit, optional=False)
     newest = []
-    for record in iter_jsonl_backwards(ws.paths.session_notes(session_id)):
+    for record in iter_jsonl_backwards(ws.files.session_notes(session_id)):
         if _is_note(record):
             newest.append(record)
             if len(newest) >= limit:

@@ -9,7 +9,6 @@ import re
 from .atomic import atomic_write_json, json_files, locked, read_bytes, read_json
 from .errors import UsageError
 from .names import check_text, only_id_chars, validate_agent_id
-from .timeutil import now_ts, parse_ts
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: the hot paths never load pathlib (paths.StateFiles)
@@ -32,8 +31,9 @@ def _is_int(value) -> bool:
 
 
 def _is_schema_int(value) -> bool:
-    # JSON Schema counts 1.0 as an integer; the mirror must agree with it
-    return _is_int(value) or (isinstance(value, float) and value.is_integer())
+    # JSON Schema counts 1.0 as an integer; the mirror must agree with it. `type(...) is int` first: what
+    # json.loads gives for a whole number, one check instead of three on the monitor's path
+    return type(value) is int or _is_int(value) or (isinstance(value, float) and value.is_integer())
 
 
 # An infinite ttl_s would be written as `Infinity`, which is not JSON: the file would turn invalid.
@@ -50,14 +50,46 @@ def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+_ts_shape = None  # re.compile(_UTC_TS_PATTERN).fullmatch, on first use (a monitor pass calls it twice a file)
+
+
 def _ts_ok(value) -> bool:
-    if not isinstance(value, str) or not re.fullmatch(_UTC_TS_PATTERN, value):
+    """Whether `value` is a stamp in the heartbeat's shape that timeutil.parse_ts reads."""
+    global _ts_shape
+    if _ts_shape is None:
+        _ts_shape = re.compile(_UTC_TS_PATTERN).fullmatch
+    if not isinstance(value, str) or not _ts_shape(value):
         return False
+    if not _real_date(value):
+        return False
+    if value.isascii() and len(value) in (20, 24, 27):  # no fraction or 3 or 6 digits: fromisoformat's own
+        return True
+    from .timeutil import parse_ts  # datetime, and dateutil on 3.10: only for unusual fractions
+
     try:
         parse_ts(value)
     except ValueError:
         return False
     return True
+
+
+def _real_date(stamp: str) -> bool:
+    """Year, month, day and second of a stamp of _UTC_TS_PATTERN's shape in range, as datetime checks them
+    (no leap second), without importing datetime: a hook's heartbeat refresh checks its `started_at`."""
+    year, month, day, second = int(stamp[:4]), int(stamp[5:7]), int(stamp[8:10]), int(stamp[17:19])
+    leap = year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
+    days = (31, 29 if leap else 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+    return year >= 1 and 1 <= month <= 12 and 1 <= day <= days[month - 1] and second <= 59
+
+
+_REQUIRED_KEYS = frozenset(REQUIRED)
+_KNOWN_KEYS = frozenset(REQUIRED + OPTIONAL)
+
+
+def is_agent_id(text: str) -> bool:
+    """Whether `text` matches the schema's agent_id pattern (_AGENT_PATTERN: dot-separated parts of
+    [A-Za-z0-9_-], none empty), without a regular expression: a monitor pass asks once per file."""
+    return only_id_chars(text) and text[0] != "." and text[-1] != "." and ".." not in text
 
 
 def quick_check(doc) -> bool:
@@ -69,16 +101,12 @@ def quick_check(doc) -> bool:
     """
     if not isinstance(doc, dict):
         return False
-    for key in REQUIRED:
-        if key not in doc:
-            return False
-    for key in doc:
-        if key not in REQUIRED and key not in OPTIONAL:
-            return False
+    if not _REQUIRED_KEYS.issubset(doc) or not _KNOWN_KEYS.issuperset(doc):
+        return False
     if not (_is_schema_int(doc["schema_version"]) and doc["schema_version"] == SCHEMA_VERSION):
         return False
     agent = doc["agent_id"]
-    if not (isinstance(agent, str) and len(agent) <= 128 and re.fullmatch(_AGENT_PATTERN, agent)):
+    if not (isinstance(agent, str) and len(agent) <= 128 and is_agent_id(agent)):
         return False
     harness = doc["harness"]
     if not (isinstance(harness, str) and 1 <= len(harness) <= 128):
@@ -208,7 +236,7 @@ def write_heartbeat(paths, agent_id: str, *, harness: str | None = None, status:
                  substrate=substrate, ttl_s=None if ttl_s is _UNSET else ttl_s)
     files = paths.files  # plain strings: a beat never loads pathlib
     path = files.heartbeat(agent_id)
-    os.makedirs(files.heartbeats, exist_ok=True)
+    # heartbeats/ is made by atomic_write_bytes when missing (no makedirs on every refresh)
     with locked(files.lock(f"heartbeat.{agent_id}")):
         try:
             previous = read_json(path)
@@ -218,7 +246,7 @@ def write_heartbeat(paths, agent_id: str, *, harness: str | None = None, status:
             previous = {}
         prev_seq = previous.get("seq")
         seq = prev_seq + 1 if _is_int(prev_seq) and prev_seq >= 0 else 1
-        stamp = now or now_ts()
+        stamp = now or _now_ts()
         doc = {
             "schema_version": SCHEMA_VERSION,
             "agent_id": agent_id,
@@ -252,6 +280,12 @@ def write_heartbeat(paths, agent_id: str, *, harness: str | None = None, status:
         # durable=False (refreshes by other verbs): still atomic, just no fsync on the hot path
         atomic_write_json(path, doc, durable=durable)
     return doc
+
+
+def _now_ts() -> str:
+    from .timeutil import now_ts  # datetime: a quiet hook passes its own stamp and never loads it
+
+    return now_ts()
 
 
 def _hostname() -> str:

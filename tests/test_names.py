@@ -110,3 +110,44 @@ def test_generated_session_id():
     made = generate_session_id()
     assert re.fullmatch(r"\d{8}_\d{6}_[0-9a-f]{8}", made)
     assert validate_session_id(made) == made
+
+
+# -- SHA-256 without OpenSSL (synapolis.sha256) -------------------------------------------------------
+
+def test_plain_sha256_agrees_with_hashlib_around_every_block_edge():
+    import os
+
+    from synapolis.sha256 import hexdigest
+
+    for size in [*range(0, 260), 1000, 4095, 4096, 4097, 70_000]:
+        data = os.urandom(size)
+        assert hexdigest(data) == hashlib.sha256(data).hexdigest(), size
+    assert hexdigest(b"abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"  # FIPS 180-2 B.1
+    assert hexdigest(bytearray(b"\xff" * 56)) == hashlib.sha256(b"\xff" * 56).hexdigest()
+
+
+def test_a_process_hashes_in_plain_python_until_its_budget_is_spent_then_through_hashlib():
+    """In a fresh interpreter: a signal id's worth of hashing loads no hashlib, the same answers come
+    either way, and an input past the budget (or a process that hashed enough) goes through hashlib."""
+    import subprocess
+    import sys
+
+    script = """if True:
+        import sys
+        from synapolis.names import PLAIN_HASH_BUDGET, sha256_hex
+        token = "synapolis-run-token-0123456789abcdef".encode()
+        first = sha256_hex(token)
+        print("hashlib" in sys.modules)
+        while "hashlib" not in sys.modules:
+            assert sha256_hex(token) == first
+        print(sha256_hex(b"x" * (PLAIN_HASH_BUDGET + 1)), first)
+    """
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    loaded, after, first = done.stdout.split()
+    assert loaded == "False"
+    token = "synapolis-run-token-0123456789abcdef".encode()
+    assert first == hashlib.sha256(token).hexdigest()
+    from synapolis.names import PLAIN_HASH_BUDGET
+
+    assert after == hashlib.sha256(b"x" * (PLAIN_HASH_BUDGET + 1)).hexdigest()

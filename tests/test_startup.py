@@ -29,11 +29,12 @@ from synapolis.workspace import Workspace
 HEAVY = {"jsonschema", "dateutil", "watchdog", "mcp", "filelock", "asyncio"}
 # stdlib modules kept off the hot paths on purpose, each worth a few percent of a bare `import click`:
 # pathlib (with urllib.parse and ipaddress: use Workspace.files), OpenSSL behind hashlib/hmac/secrets
-# (hashlib only where a SHA-256 is computed: a signal's id, a run token's hash; see HASHING),
+# (a signal's id and a run token's hash are short: synapolis.sha256 hashes them, see names.sha256_hex),
 # ctypes (store.py calls sqlite3_db_config through _ctypes), dataclasses (plain classes instead)
 WEIGHTY = {"pathlib", "urllib", "ipaddress", "hashlib", "hmac", "secrets", "ctypes", "dataclasses"}
-# the verbs that compute a SHA-256 (contract §2, §5) load hashlib, the one public road to it (names.sha256_hex)
-HASHING = {"hashlib"}
+# what a hook's quiet path does without, on top of those: no store (sqlite3, threading), no click, and no
+# datetime (its stamp comes from `time`) or contextlib (atomic's context managers are classes)
+QUIET_NEVER = {"sqlite3", "threading", "click", "datetime", "contextlib"}
 CONVERSATION = "0f7e6d5c-1111-2222-3333-444455556666"
 # this checkout first, then the installed libraries, as plain folders: no .pth file runs
 CLEAN_PATH = os.pathsep.join([str(Path(__file__).resolve().parents[1]), *site.getsitepackages()])
@@ -45,9 +46,14 @@ def _env(**extra) -> dict:
     return env
 
 
+# what the console script runs (without `-m`, whose runpy imports contextlib and more before synapolis starts)
+AS_SCRIPT = ["-c", "from synapolis.cli import main; main()"]
+
+
 def loaded(*args: str, stdin: str | None = None, env: dict | None = None) -> tuple[set[str], subprocess.CompletedProcess]:
-    """Run `python -S -X importtime -m synapolis ARGS`; (top-level names of every module it imported, the run)."""
-    done = subprocess.run([sys.executable, "-S", "-X", "importtime", "-m", "synapolis", *args], input=stdin,
+    """Run `python -S -X importtime` on the console script's entry point with ARGS; (top-level names of every
+    module it imported, the run)."""
+    done = subprocess.run([sys.executable, "-S", "-X", "importtime", *AS_SCRIPT, *args], input=stdin,
                           capture_output=True, text=True, timeout=60, env=env or _env())
     names = set()
     for line in done.stderr.splitlines():
@@ -81,6 +87,9 @@ def _hook_event(name: str, **fields) -> str:
     ["beat", "--task", "startup test"],
     ["signal", "bob", "hello from a test"],
     ["read-signals", "--all"],
+    ["signals-pending"],
+    ["ack-signals", "--all"],
+    ["note", "a note from a test"],
 ], ids=lambda verb: verb[0])
 def test_agent_verbs_load_nothing_heavy(pair, state_dir, verb):
     _ws, sid = pair
@@ -88,23 +97,24 @@ def test_agent_verbs_load_nothing_heavy(pair, state_dir, verb):
     assert done.returncode == 0, _stderr(done)
     json.loads(done.stdout)  # a real answer, not an error that stopped early
     assert not names & HEAVY, sorted(names & HEAVY)
-    allowed = HASHING if verb[0] == "signal" else set()
-    assert not names & (WEIGHTY - allowed), sorted(names & (WEIGHTY - allowed))
-    assert ("hashlib" in names) == (verb[0] == "signal")  # only a signal needs an id hashed
+    assert not names & WEIGHTY, sorted(names & WEIGHTY)
+    assert "threading" not in names  # the store's lock is a _thread.RLock (threading is ~1 ms)
+    # a signal's id is a SHA-256 (contract §7), computed without OpenSSL; nothing else hashes
+    assert ("synapolis.sha256" in _modules(done)) == (verb[0] == "signal")
     assert "click" not in names  # the plain form of a hot verb never needs it (synapolis.cli.fast)
     assert "sqlite3" in names  # the control: importtime saw the whole run
 
 
 def test_a_beat_with_a_run_token_and_no_session_named_stays_light(pair, state_dir):
     """Identity from the environment (as `eval "$(synapolis start --export)"` sets it): the search for the
-    agent's session loads no pathlib; the token check loads hashlib, and nothing else weighty."""
+    agent's session loads no pathlib; the token's SHA-256 is checked without hashlib (OpenSSL)."""
     ws, _sid = pair
     token = json.loads(open(ws.files.identity, encoding="utf-8").read())["run_token"]  # bob's, written last
     names, done = loaded("--state-dir", str(state_dir), "beat", env=_env(SYNAPOLIS_AGENT_ID="bob",
                                                                         SYNAPOLIS_RUN_TOKEN=token))
     assert done.returncode == 0, _stderr(done)
-    assert "hashlib" in names  # the control: the token was checked
-    assert not names & (HEAVY | WEIGHTY - HASHING), sorted(names & (HEAVY | WEIGHTY - HASHING))
+    assert "synapolis.sha256" in _modules(done)  # the control: the token was hashed and checked
+    assert not names & (HEAVY | WEIGHTY), sorted(names & (HEAVY | WEIGHTY))
 
 
 def test_a_first_beat_into_a_fresh_state_dir_stays_light(tmp_path):
@@ -127,13 +137,13 @@ def test_hook_calls_load_neither_click_nor_anything_heavy(pair, state_dir):
     actions.signal(ws, Who("alice"), me, "review src/api.py please", env={})
     names, done = loaded(*args, stdin=_hook_event("PostToolUse", tool_name="Bash", tool_input={"command": "ls"}))
     assert done.returncode == 0 and "review src/api.py please" in done.stdout, _stderr(done)
-    # a delivering hook proves its run token (a SHA-256): hashlib, and nothing else weighty
-    assert not names & (HEAVY | WEIGHTY - HASHING | {"click"}), sorted(names & (HEAVY | WEIGHTY - HASHING | {"click"}))
+    # a delivering hook proves its run token (a SHA-256, without OpenSSL), and loads nothing weighty
+    assert not names & (HEAVY | WEIGHTY | {"click"}), sorted(names & (HEAVY | WEIGHTY | {"click"}))
 
     names, done = loaded(*args, stdin=_hook_event("Stop"))
     assert done.returncode == 0 and json.loads(done.stdout) == {}, _stderr(done)
-    # a delivering hook proves its run token (a SHA-256): hashlib, and nothing else weighty
-    assert not names & (HEAVY | WEIGHTY - HASHING | {"click"}), sorted(names & (HEAVY | WEIGHTY - HASHING | {"click"}))
+    # a delivering hook proves its run token (a SHA-256, without OpenSSL), and loads nothing weighty
+    assert not names & (HEAVY | WEIGHTY | {"click"}), sorted(names & (HEAVY | WEIGHTY | {"click"}))
 
 
 def _modules(done: subprocess.CompletedProcess) -> set[str]:
@@ -144,8 +154,8 @@ def _modules(done: subprocess.CompletedProcess) -> set[str]:
 
 def test_a_hook_with_nothing_new_loads_no_store(pair, state_dir):
     """The quiet path (harness.quiet): nothing sent since the last drain, so neither sqlite3, the store,
-    the verbs nor `threading` (the hook's timer is a `_thread`) are imported. The control: after a send,
-    the same event takes the full path and does open the store."""
+    the verbs, `threading` (the hook's timer is a `_thread`), datetime nor contextlib are imported. The
+    control: after a send, the same event takes the full path and does open the store."""
     ws, _sid = pair
     args = ("--state-dir", str(state_dir), "hook", "claude-code")
     tool = _hook_event("PostToolUse", tool_name="Bash", tool_input={"command": "ls"})
@@ -154,7 +164,7 @@ def test_a_hook_with_nothing_new_loads_no_store(pair, state_dir):
     names, done = loaded(*args, stdin=tool)
     assert done.returncode == 0 and json.loads(done.stdout) == {} and _stderr(done) == ""
     modules = _modules(done)
-    assert not names & {"sqlite3", "threading", "click", "hashlib"}, sorted(names & {"sqlite3", "threading", "click", "hashlib"})
+    assert not names & (QUIET_NEVER | WEIGHTY), sorted(names & (QUIET_NEVER | WEIGHTY))
     assert not {m for m in modules if m.startswith(("synapolis.store", "synapolis.actions", "synapolis.agent_call",
                                                     "synapolis.signals", "synapolis.sessions"))}
     assert "synapolis.harness.quiet" in modules and "synapolis.heartbeat" in modules  # it did refresh
@@ -162,7 +172,8 @@ def test_a_hook_with_nothing_new_loads_no_store(pair, state_dir):
     actions.signal(ws, Who("alice"), agent_id_for("claude-code", CONVERSATION, env={}), "news", env={})
     names, done = loaded(*args, stdin=tool)
     assert done.returncode == 0 and "news" in done.stdout, _stderr(done)
-    assert "sqlite3" in names and "threading" in names  # the full path: the store (its lock) and the drain
+    assert "sqlite3" in names  # the full path: the store and the drain
+    assert not names & {"threading", "hashlib"}  # its lock is a _thread.RLock; the token's hash plain Python
 
 
 def test_hook_without_click_keeps_the_contract(state_dir):

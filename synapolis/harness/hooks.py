@@ -111,6 +111,8 @@ def answer(harness: str, event: str, context: str | None) -> dict:
 # -- the context text ---------------------------------------------------------------------------
 
 def _utf16_units(text: str) -> int:
+    if text.isascii():  # one unit a character, without loading the UTF-16 codec on a hook's call
+        return len(text)
     return len(text.encode("utf-16-le", "surrogatepass")) // 2
 
 
@@ -361,7 +363,6 @@ def handle(harness: str, raw: bytes | str, *, state_dir=None, env=None, now=None
 
 def _act(harness, event, name, kind, state_dir, env, result, now=None) -> None:
     from ..errors import ForbiddenError, UsageError
-    from ..timeutil import format_ts, utcnow
     from . import quiet
 
     problems = result["problems"]
@@ -380,10 +381,10 @@ def _act(harness, event, name, kind, state_dir, env, result, now=None) -> None:
             quiet.remember_key(ws, harness, conversation, env, key)
             indexed = True
 
-    moment = now if now is not None else utcnow()  # the quiet path is SQLite's only: the local clock
-    if kind == "deliver" and quiet.still_quiet(ws, state, env, moment.timestamp()):
+    seconds, stamp = quiet.clock(now)  # the quiet path is SQLite's only: the local clock
+    if kind == "deliver" and quiet.still_quiet(ws, state, env, seconds):
         result["agent_id"] = state["agent_id"]
-        quiet.refresh(ws, state, format_ts(moment))  # nothing new since the last drain: no store opened
+        quiet.refresh(ws, state, stamp)  # nothing new since the last drain: no store opened
         return
     clean_env = _env_without_identity(env)
     if kind == "end" and not (state.get("run_token") and _session_active(ws, state.get("session_id"))):
@@ -410,7 +411,7 @@ def _act(harness, event, name, kind, state_dir, env, result, now=None) -> None:
     if not indexed:  # registered just now
         quiet.remember_key(ws, harness, conversation, env, key)
     if kind != "beat":  # a plain beat keeps the registry's status: what the quiet path knew still holds
-        changed = quiet.remembered(state, result.pop("quiet", None), moment.timestamp())
+        changed = quiet.remembered(state, result.pop("quiet", None), seconds)
         if changed is not None:
             try:
                 save_state(ws, key, changed)
