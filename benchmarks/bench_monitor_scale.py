@@ -6,7 +6,11 @@ from 1,000 to 50,000 (a pass must not grow faster than the files it reads). Pass
 alternate, medians reported; files as bench_monitor.populate makes them (1% breaking the schema,
 0.1% not JSON). Writes its section of benchmarks/RESULTS.md (bench_monitor keeps the 10,000 figure).
 
-    python benchmarks/bench_monitor_scale.py [--small 1000] [--large 50000] [--passes 5] [--no-write]
+    python benchmarks/bench_monitor_scale.py [--small 1000] [--large 50000] [--passes 5] [--small-passes 50]
+        [--no-write]
+
+The small pass lasts a few tens of milliseconds, where one preemption by a neighbour moves a median of five:
+it runs --small-passes times (50 by default, about a second), the large one --passes times.
 """
 
 from __future__ import annotations
@@ -50,10 +54,11 @@ def main() -> int:
     parser.add_argument("--small", type=int, default=1_000)
     parser.add_argument("--large", type=int, default=50_000)
     parser.add_argument("--passes", type=int, default=5)
+    parser.add_argument("--small-passes", type=int, default=50)
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-monitor-scale-"))
     try:
-        small = measure(tmp / "small", args.small, args.passes)
+        small = measure(tmp / "small", args.small, args.small_passes)
         large = measure(tmp / "large", args.large, args.passes)
         load = os.getloadavg()[0]
     finally:
@@ -69,7 +74,8 @@ def main() -> int:
         f"## Monitor pass, {args.small:,} vs {args.large:,} heartbeat files (bench_monitor_scale.py)", "",
         f"Machine: {machine()} · load average {load:.1f} at the end  ",
         f"Command: `python benchmarks/bench_monitor_scale.py --small {args.small} --large {args.large} "
-        f"--passes {args.passes}` (`run_monitor` in-process and the baseline alternating; medians)", "",
+        f"--passes {args.passes} --small-passes {args.small_passes}` (`run_monitor` in-process and the baseline "
+        "alternating; medians)", "",
         "| files | json-load every file (baseline) | `run_monitor` pass | vs baseline | per file |",
         "|---|---|---|---|---|", *rows, "",
         f"Targets: at {args.large:,} files at most 2x the baseline — {ratio:.2f}x, {met(ratio <= 2.0)}; per-file "

@@ -70,6 +70,9 @@ def _fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL  # Python adds O_CLOEXEC itself (PEP 446)
+
+
 def atomic_write_bytes(path: Path | str, data: bytes, durable: bool = True, mode: int = 0o644) -> None:
     """Write `data` to `path` so a reader sees the old or the new file, never a part.
 
@@ -78,15 +81,23 @@ def atomic_write_bytes(path: Path | str, data: bytes, durable: bool = True, mode
     """
     folder, name = os.path.split(os.fspath(path))
     folder = folder or "."
-    os.makedirs(folder, exist_ok=True)
     tmp = os.path.join(folder, f"{TEMP_PREFIX}{name}.{os.getpid()}.{os.urandom(4).hex()}{TEMP_SUFFIX}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
+        fd = os.open(tmp, _CREATE_FLAGS, mode)
+    except (FileNotFoundError, NotADirectoryError):
+        # the folder is missing (or is not one): made here, or makedirs says why it cannot be; the usual
+        # case (it exists) costs no extra system calls
+        os.makedirs(folder, exist_ok=True)
+        fd = os.open(tmp, _CREATE_FLAGS, mode)
+    try:
+        try:
+            view = memoryview(data)
+            while view:  # os.write may write less than asked; plain system calls, no buffered file object
+                view = view[os.write(fd, view):]
             if durable:
-                os.fsync(handle.fileno())
+                os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException as exc:
         _quietly(os.unlink, tmp)
@@ -330,9 +341,13 @@ class locked:
         self.got = False
 
     def __enter__(self) -> bool:
-        _make_parent(self.lock_path)
         # never through a planted link (it would create a file elsewhere), never a FIFO or a device
-        fd = open_regular(self.lock_path, os.O_RDWR | os.O_CREAT | _NOFOLLOW | _NONBLOCK | _CLOEXEC, 0o644)
+        flags = os.O_RDWR | os.O_CREAT | _NOFOLLOW | _NONBLOCK | _CLOEXEC
+        try:
+            fd = open_regular(self.lock_path, flags, 0o644)
+        except (FileNotFoundError, NotADirectoryError):  # no lock folder yet (or a file in its place: makedirs says)
+            _make_parent(self.lock_path)
+            fd = open_regular(self.lock_path, flags, 0o644)
         try:
             if self.blocking:
                 _lock_within(fd, self.lock_path, LOCK_TIMEOUT_S if self.timeout is None else self.timeout)

@@ -11,7 +11,8 @@ from datetime import datetime, timedelta
 
 from .errors import ForbiddenError, NotFoundError, RateLimitedError, UsageError
 from .names import check_content, is_subagent_of, sha256_hex, validate_agent_id
-from .sessions import agent_row, is_live, ts
+from .sessions import agent_row, ts
+from .status import registry_liveness
 
 TYPES = ("inform", "query", "delegate", "ack", "warn", "sleep_event", "sleep_request")
 METHODS = ("startup_drain", "piggyback", "poll", "push", "hook")
@@ -190,11 +191,12 @@ def _unknown_caller(caller: str) -> NotFoundError:
 
 def audience(rows, now: datetime, config) -> dict:
     """Which recipients are live and which the signal waits for (stale, asleep, stopped)."""
-    live = [r["id"] for r in rows if is_live(r, now, config)]
-    waiting = [r["id"] for r in rows if not is_live(r, now, config)]
-    status = {r["id"]: ("stale" if r["status"] in ("active", "idle") else r["status"])
-              for r in rows if r["id"] in waiting}
-    return {"live": live, "waiting": waiting, "waiting_status": status}
+    live_now = registry_liveness(now, config)
+    judged = [(r, live_now(r)) for r in rows]
+    waiting = [r for r, live in judged if not live]
+    status = {r["id"]: ("stale" if r["status"] in ("active", "idle") else r["status"]) for r in waiting}
+    return {"live": [r["id"] for r, live in judged if live], "waiting": [r["id"] for r in waiting],
+            "waiting_status": status}
 
 
 def take_token(tx, agent_id: str, now: datetime, config) -> None:
@@ -348,6 +350,12 @@ def drain_page(tx, agent_id: str, method: str, now: datetime, config, limit: int
     if budget_chars is None and fits is None:  # a caller's own `fits` (a hook's exact measure) replaces it
         budget_chars = PAGE_BUDGET_CHARS
     floor = state["delivered_upto"]
+    newest = tx.signals_above(floor, QUICK_LOOK) if method != "hook" else None  # a hook also redelivers
+    if newest is not None and len(newest) <= QUICK_LOOK and not _any_new(newest, agent_id, state):
+        # nothing here for the reader: no inbox query, and the watermark moves past what it cannot see
+        if newest:
+            tx.set_delivered_upto(agent_id, newest[0]["sequence"])
+        return [], 0
     fresh = [dict(as_dict(r), offers=0) for r in tx.visible_signals(
         agent_id, max(floor, state["joined_seq"]), floor, unread=True, undelivered=True, limit=limit + 1)]
     again = []
@@ -369,6 +377,10 @@ def drain_page(tx, agent_id: str, method: str, now: datetime, config, limit: int
         remaining = tx.count_visible(agent_id, max(above, state["joined_seq"]), above, unread=True,
                                      undelivered=True, cap=COUNT_CAP)
     if not chosen:
+        if not fresh and newest:
+            # every signal the reader sees up to the newest one is delivered, read or history: the next
+            # drain looks only above it (and, when nothing new is there, with signals_above alone)
+            tx.set_delivered_upto(agent_id, newest[0]["sequence"])
         return [], remaining
     stamp = ts(now)
     new_ids = [s["id"] for s in chosen if s["offers"] == 0]
@@ -395,6 +407,17 @@ def drain_page(tx, agent_id: str, method: str, now: datetime, config, limit: int
             s["offer"] = offers
         out.append(s)
     return out, remaining
+
+
+QUICK_LOOK = 16  # signals above the watermark a drain inspects itself before it runs the inbox query
+
+
+def _any_new(above, agent_id: str, state) -> bool:
+    """Whether any of `above` (signals above the reader's delivered watermark, Transaction.signals_above)
+    may be one a drain hands the reader: one it sees, a broadcast only above the floor of its history."""
+    bfloor = max(state["delivered_upto"], state["joined_seq"])
+    return any(is_visible(row, agent_id) and (row["recipient"] != BROADCAST or row["sequence"] > bfloor)
+               for row in above)
 
 
 def mark_delivered(tx, agent_id: str, signals: list, method: str, now: datetime) -> None:
@@ -428,6 +451,9 @@ def has_undelivered(tx, agent_id: str) -> bool:
     if state is None:
         return False
     floor = state["delivered_upto"]
+    above = tx.signals_above(floor, QUICK_LOOK)
+    if above is not None and len(above) <= QUICK_LOOK and not _any_new(above, agent_id, state):
+        return False
     return tx.first_visible_sequence(agent_id, max(floor, state["joined_seq"]), floor, unread=True,
                                      undelivered=True) is not None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 
 from .config import Config, load_config, write_default_config
 from .errors import UsageError
@@ -54,10 +55,15 @@ class Workspace:
         try:
             # the state directory holds identity.json and the sessions' stores: created private
             # (docs/SECURITY.md); one that exists keeps the mode its owner gave it
-            os.makedirs(files.root, mode=0o700, exist_ok=True)
+            # one stat per folder when they exist (every verb that writes runs this): makedirs would
+            # stat the parent, try mkdir and stat again; it still runs, and raises, for what is missing
+            # or not a folder
+            if not _is_dir(files.root):
+                os.makedirs(files.root, mode=0o700, exist_ok=True)
             for folder in (files.heartbeats, files.escalations, files.claims, files.sessions,
                            files.monitor_history):
-                os.makedirs(folder, exist_ok=True)
+                if not _is_dir(folder):
+                    os.makedirs(folder, exist_ok=True)
             write_default_config(files.config)
         except OSError as exc:
             # name what failed: the state directory itself, or a file sitting where one of its folders belongs
@@ -65,3 +71,10 @@ class Workspace:
             raise UsageError(f"cannot create state directory {files.root}: {exc.strerror}"
                              + (f" ({where})" if where else "")) from None
         return self
+
+
+def _is_dir(path: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    except OSError:
+        return False

@@ -36,6 +36,35 @@ def test_a_failed_replace_keeps_the_old_file_and_removes_the_temp(tmp_path, monk
     assert os.listdir(tmp_path) == ["doc.json"]
 
 
+def test_a_failed_write_keeps_the_old_file_and_names_the_target(tmp_path, monkeypatch):
+    target = tmp_path / "doc.json"
+    atomic.atomic_write_json(target, {"v": "old"})
+
+    def full_disk(fd, data):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(atomic.os, "write", full_disk)
+    with pytest.raises(OSError) as raised:
+        atomic.atomic_write_json(target, {"v": "new"})
+    monkeypatch.undo()
+    assert raised.value.errno == 28 and raised.value.filename == str(target)
+    assert atomic.read_json(target) == {"v": "old"}
+    assert os.listdir(tmp_path) == ["doc.json"]
+
+
+def test_folders_are_made_when_missing_and_a_file_in_their_place_is_refused(tmp_path):
+    # the folder is made only when opening in it fails (no makedirs on every write or lock)
+    with atomic.locked(tmp_path / "locks" / "a.lock"):
+        assert (tmp_path / "locks" / "a.lock").is_file()
+    (tmp_path / "taken").write_text("a file where a folder belongs")
+    with pytest.raises(FileExistsError):
+        atomic.atomic_write_json(tmp_path / "taken" / "doc.json", {"a": 1})
+    with pytest.raises(FileExistsError):
+        with atomic.locked(tmp_path / "taken" / "a.lock"):
+            pass
+    assert (tmp_path / "taken").read_text() == "a file where a folder belongs"
+    assert sorted(os.listdir(tmp_path)) == ["locks", "taken"]
+
+
 def test_unserializable_documents_write_nothing(tmp_path):
     target = tmp_path / "doc.json"
     with pytest.raises(TypeError):

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import pytest
 
-from conftest import NOW
+from conftest import NOW, configure
 from synapolis import actions
 from synapolis.identity import Who
 
@@ -224,3 +224,35 @@ def test_cli_text_output_shows_pending_after_its_own(cli):
     assert lines[0].startswith("note #1") and "pending signal" in lines[1] and "ping" in lines[2]
     data = json.loads(cli("signals-pending", "--agent-id", "bob", "--json").stdout)
     assert data == {"pending_signals": [], "pending_remaining": 0}
+
+
+@pytest.mark.parametrize("others", [3, 40], ids=["a few", "more than a quick look"])
+def test_a_signal_among_many_the_reader_cannot_see_is_delivered(ws, start_agent, db_rows, others):
+    """A drain first looks at the few newest signals above the reader's watermark (signals.QUICK_LOOK) and
+    skips its inbox query when it can see none of them; the one signal it can see, among `others` it cannot
+    (to someone else, its own sub-agent's broadcast), is still delivered, once, and so is the next one."""
+    ws = configure(ws, rate_limit_per_min=10 ** 6)
+    sid = start_agent("alice")["session_id"]
+    start_agent("bob")
+    start_agent("carol")
+    alice, bob, carol = (Who(name, sid) for name in ("alice", "bob", "carol"))
+    for i in range(others):  # bob's verbs move his watermark past signals he cannot see
+        actions.signal(ws, alice, "carol", f"to carol {i}", env={}, now=NOW)
+        assert actions.signal(ws, bob, "carol", f"bob's own {i}", env={}, now=NOW)["pending_signals"] == []
+    later = NOW + timedelta(seconds=1)
+    for i in range(others):
+        actions.signal(ws, alice, "carol", f"before {i}", env={}, now=later)
+    actions.signal(ws, bob, "*", "from bob's sub-agent", sender_id="bob.y", env={}, now=later)
+    sent = actions.signal(ws, carol, "bob.x", "for bob's sub-agent", env={}, now=later)["signal"]
+    actions.signal(ws, alice, "*", "for everyone", env={}, now=later)
+    for i in range(others):
+        actions.signal(ws, alice, "carol", f"after {i}", env={}, now=later)
+    got = actions.beat(ws, bob, env={}, now=later)["pending_signals"]
+    assert [s["content"] for s in got] == ["for bob's sub-agent", "for everyone"]
+    assert got[0]["id"] == sent["id"] and got[0]["delivery_method"] == "piggyback"
+    assert actions.beat(ws, bob, env={}, now=later)["pending_signals"] == []
+    rows = db_rows(sid, "SELECT s.content FROM signal_deliveries d JOIN signals s ON s.id = d.signal_id "
+                        "WHERE d.agent_id = ? ORDER BY s.sequence", "bob")
+    assert [r["content"] for r in rows] == ["for bob's sub-agent", "for everyone"]
+    actions.signal(ws, carol, "bob", "next", env={}, now=later)
+    assert [s["content"] for s in actions.signals_pending(ws, bob, env={}, now=later)["pending_signals"]] == ["next"]

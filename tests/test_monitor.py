@@ -15,7 +15,7 @@ from datetime import timedelta
 import pytest
 
 from conftest import ago, heartbeat_doc, NOW, synapolis_cmd
-from synapolis import monitor as mon
+from synapolis import atomic, monitor as mon
 from synapolis.heartbeat import read_heartbeat
 from synapolis.schemas import validation_errors
 from synapolis.timeutil import format_ts, now_ts
@@ -72,6 +72,29 @@ def test_since_is_carried_while_the_status_holds_and_transitions_are_listed(ws, 
     fifth = mon.run_monitor(ws, now=later(3602))
     assert {"agent_id": "a", "from": "dead", "to": None} in fifth["transitions"]
     assert "a" not in agents_by_id(fifth)
+
+
+def test_a_pass_carries_over_the_monitor_file_as_it_is_now(ws, put_heartbeat):
+    """A pass remembers what it wrote instead of parsing it again, but only while the file is that file:
+    a document the caller changed, or a file another writer replaced, is never taken for it."""
+    put_heartbeat("a", ago(0))
+    first = mon.run_monitor(ws, now=NOW)
+    agents_by_id(first)["a"]["since"] = format_ts(later(-999))  # the caller's copy, not the pass's memory
+    second = mon.run_monitor(ws, now=later(10))
+    assert agents_by_id(second)["a"]["since"] == format_ts(NOW)
+    # another monitor (another process) replaced the file: its `since` is the one carried over
+    other = json.loads(ws.paths.monitor.read_text())
+    agents_by_id(other)["a"]["since"] = format_ts(later(-500))
+    atomic.atomic_write_json(ws.paths.monitor, other)
+    third = mon.run_monitor(ws, now=later(20))
+    assert agents_by_id(third)["a"]["since"] == format_ts(later(-500))
+    # rewritten in place (same file, another size): read again too
+    doc = json.loads(ws.paths.monitor.read_text())
+    agents_by_id(doc)["a"]["since"] = format_ts(later(-400))
+    ws.paths.monitor.write_text(json.dumps(doc, indent=4))
+    fourth = mon.run_monitor(ws, now=later(30))
+    assert agents_by_id(fourth)["a"]["since"] == format_ts(later(-400))
+    assert json.loads(ws.paths.monitor.read_text()) == fourth
 
 
 def test_an_agent_whose_clock_runs_ahead_still_goes_stale(ws, put_heartbeat):

@@ -106,8 +106,16 @@ class Transaction(abc.ABC):
         None: no limit), give `signal` the Lamport value above the caller's clock (or every stored signal's
         for the system sender) and store it as `insert_signal` does. Returns {"refused": "recipient" |
         "caller" | "rate", "tokens"} with nothing stored, or {"sequence" (None when that id is stored
-        already), "lamport", "rows": the audience's registry rows}. None: not offered, and signals.send
+        already), "lamport", "rows": the audience's registry rows, each with at least `id`, `status` and
+        `last_heartbeat` (what `signals.audience` reads)}. None: not offered, and signals.send
         composes it from the operations above (the SQLite store, where a call costs no round trip)."""
+        return None
+
+    def signals_above(self, floor: int, limit: int) -> list | None:
+        """Optional, for a store where a call costs no round trip: the newest signals numbered above `floor`
+        (`sequence`, `sender`, `recipient`), newest first, at most `limit + 1` of them (so more than `limit`
+        means "`limit` or more"). None: not offered (a drain then runs its inbox query at once). A drain
+        that finds none of a few of them visible to its reader needs no inbox query (signals.drain_page)."""
         return None
 
     @abc.abstractmethod

@@ -331,6 +331,11 @@ class SqliteTransaction(base.Transaction):
                 return None
         return mark
 
+    def signals_above(self, floor, limit):
+        # a walk down the rowid from the end: at most limit + 1 rows, whatever the session holds
+        return self.conn.execute("SELECT sequence, sender, recipient FROM signals WHERE sequence > ? "
+                                 "ORDER BY sequence DESC LIMIT ?", (int(floor), int(limit) + 1)).fetchall()
+
     def recent_signals(self, limit):
         return self.conn.execute(f"SELECT {_COLS} FROM signals s ORDER BY s.sequence DESC LIMIT ?",
                                  (int(limit),)).fetchall()
