@@ -329,6 +329,32 @@ def test_sigkill_mid_send_keeps_every_acknowledged_signal_once(machines):
     assert again["signal"]["sequence"] > max(s["sequence"] for s in got)
 
 
+def test_a_duplicate_id_leaves_no_gap_on_either_send_path(machines):
+    """The same message twice in one microsecond: the insert meets the stored id through the unique index
+    (ON CONFLICT), which draws a number first; the retry with the next microsecond's id takes that number,
+    on the one-call send (no reply_to) and on the composed one (a reply) alike."""
+    from datetime import datetime, timezone
+
+    laptop, runner = machines
+    sid = actions.start(laptop, agent_id="alice", session_id="s1", env={})["session_id"]
+    actions.start(runner, agent_id="bob", session_id=sid, env={})
+    moment = datetime(2030, 1, 1, tzinfo=timezone.utc)
+
+    def send(ws, who, to, text, **kw):
+        return actions.signal(ws, Who(who, sid), to, text, env={}, piggyback=False, now=moment, **kw)["signal"]
+
+    first, twin = send(laptop, "alice", "bob", "hello"), send(laptop, "alice", "bob", "hello")
+    reply, reply_twin = (send(runner, "bob", "alice", "re", reply_to=first["id"]),
+                         send(runner, "bob", "alice", "re", reply_to=first["id"]))
+    assert len({first["id"], twin["id"], reply["id"], reply_twin["id"]}) == 4
+    assert twin["timestamp"] > first["timestamp"] and reply_twin["timestamp"] > reply["timestamp"]
+    stored = store_rows(laptop, sid, "SELECT sequence, id FROM signals ORDER BY sequence")
+    assert [r["id"] for r in stored] == [first["id"], twin["id"], reply["id"], reply_twin["id"]]
+    numbers = [r["sequence"] for r in stored]
+    assert numbers == list(range(numbers[0], numbers[0] + 4))
+    assert [first["sequence"], twin["sequence"], reply["sequence"], reply_twin["sequence"]] == numbers
+
+
 SPENDER = r"""
 import json, sys
 from datetime import datetime, timezone

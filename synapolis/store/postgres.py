@@ -361,7 +361,7 @@ class PostgresTransaction(base.Transaction):
         self.session_id = session_id
         self.writing = writing
         self._horizon = None
-        self._reserved = None  # a sequence number drawn by a send whose id was stored already (send_signal)
+        self._reserved = None  # a sequence number drawn by an insert whose id was stored already
 
     def _all(self, sql, args=()):
         self.cur.execute(sql, args)
@@ -449,21 +449,32 @@ class PostgresTransaction(base.Transaction):
     def insert_signal(self, signal, caller=None):
         # the session's insert lock first, held to commit, and only then the sequence: sequence order is
         # commit order (see the module doc). One statement: the lock's row feeds the INSERT, so the lock
-        # is taken before nextval() runs.
+        # is taken before nextval() runs. A stored id is found by the unique index itself (ON CONFLICT), not
+        # by a planned lookup (docs/STORE.md, "Round trips"); the number such an attempt drew is kept and the
+        # retry (signals.send: the next microsecond's id, this transaction, this lock) inserts with it, so a
+        # duplicate leaves no gap.
+        reserved, self._reserved = self._reserved, None
+        columns = "session_id, id, timestamp, sender, recipient, type, content, lamport, reply_to"
+        if reserved is None:
+            into, values = f"({columns})", ""
+        else:
+            into, values = f"(sequence, {columns}) OVERRIDING SYSTEM VALUE", "%s::int8, "
         row = self._one(
             "WITH locked AS (SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))), "
-            "stored AS (INSERT INTO signals (session_id, id, timestamp, sender, recipient, type, content, lamport, "
-            "reply_to) SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s FROM locked "
-            # an id already stored is filtered out before nextval() runs, so it uses up no number
-            "WHERE NOT EXISTS (SELECT 1 FROM signals WHERE session_id = %s AND id = %s) "
+            f"stored AS (INSERT INTO signals {into} SELECT {values}%s, %s, %s, %s, %s, %s, %s, %s, %s FROM locked "
             "ON CONFLICT (session_id, id) DO NOTHING RETURNING sequence), "
             "clock AS (UPDATE agents SET lamport = %s WHERE session_id = %s AND id = %s AND lamport < %s) "
-            "SELECT sequence, pg_notify(%s, %s) FROM stored",
-            (_key(self.session_id, "signals"), self.session_id, signal["id"], signal["timestamp"], signal["sender"],
-             signal["recipient"], signal["type"], signal["content"], signal["lamport"], signal["reply_to"],
-             self.session_id, signal["id"], signal["lamport"], self.session_id, caller, signal["lamport"],
-             NOTIFY_CHANNEL, self.session_id))
-        if row is None:
+            "SELECT s.sequence, CASE WHEN s.sequence IS NULL THEN "
+            "currval(pg_get_serial_sequence('signals', 'sequence')) END AS drawn, "
+            "CASE WHEN s.sequence IS NOT NULL THEN pg_notify(%s, %s) END AS notified "
+            # the LEFT JOIN gives a row either way, read after the INSERT ran (so currval has its number)
+            "FROM (SELECT 1) AS one LEFT JOIN stored s ON true",
+            (_key(self.session_id, "signals"), *([] if reserved is None else [reserved]), self.session_id,
+             signal["id"], signal["timestamp"], signal["sender"], signal["recipient"], signal["type"],
+             signal["content"], signal["lamport"], signal["reply_to"], signal["lamport"], self.session_id, caller,
+             signal["lamport"], NOTIFY_CHANNEL, self.session_id))
+        if row["sequence"] is None:
+            self._reserved = reserved if reserved is not None else int(row["drawn"])
             return None  # that id is stored already
         sequence = int(row["sequence"])
         if self._horizon is not None:
