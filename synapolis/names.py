@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 
 from .errors import ForbiddenError, UsageError
 
@@ -20,26 +19,12 @@ MAX_ITEM = 200
 RESERVED_ROOT = "synapolis"
 
 
-# bytes (a 64-byte block counted per call for the padding) a process hashes in plain Python (synapolis.sha256,
-# ~0.1 ms a block) before hashlib's import (~3 ms) would have cost less: a CLI call hashes a signal id or a
-# token or two; a server that hashes more goes through hashlib from then on
-PLAIN_HASH_BUDGET = 1536
-_plain_hash_left = PLAIN_HASH_BUDGET
-
-
 def sha256_hex(data: bytes) -> str:
     """SHA-256 of `data` in hex: agent ids, signal ids and run tokens (contract §2, §5).
 
-    The first few short inputs of a process are hashed in plain Python (synapolis.sha256, ~0.1 ms per 64
-    bytes): hashlib loads OpenSSL, about 3 ms of a CLI call (benchmarks/RESULTS.md). Past
-    PLAIN_HASH_BUDGET bytes, or once anything has imported hashlib, hashlib does it. Python's builtin
-    `_sha256` module would skip OpenSSL, but it is private (renamed `_sha2` in 3.12)."""
-    global _plain_hash_left
-    if len(data) + 64 <= _plain_hash_left and "hashlib" not in sys.modules:
-        from .sha256 import hexdigest
-
-        _plain_hash_left -= len(data) + 64
-        return hexdigest(data)
+    Through hashlib, imported here because it loads OpenSSL (about 3 ms of a CLI call;
+    benchmarks/RESULTS.md): a beat without a run token never pays it. No SHA-256 of our own and no
+    private module (Python's `_sha256`, `_sha2` in 3.12): hashlib is the well-kept implementation."""
     from hashlib import sha256
 
     return sha256(data).hexdigest()

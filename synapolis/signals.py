@@ -11,7 +11,8 @@ from datetime import datetime, timedelta
 
 from .errors import ForbiddenError, NotFoundError, RateLimitedError, UsageError
 from .names import check_content, is_subagent_of, sha256_hex, validate_agent_id
-from .sessions import agent_row, is_live, ts
+from .sessions import agent_row, ts
+from .status import registry_liveness
 
 TYPES = ("inform", "query", "delegate", "ack", "warn", "sleep_event", "sleep_request")
 METHODS = ("startup_drain", "piggyback", "poll", "push", "hook")
@@ -190,11 +191,12 @@ def _unknown_caller(caller: str) -> NotFoundError:
 
 def audience(rows, now: datetime, config) -> dict:
     """Which recipients are live and which the signal waits for (stale, asleep, stopped)."""
-    live = [r["id"] for r in rows if is_live(r, now, config)]
-    waiting = [r["id"] for r in rows if not is_live(r, now, config)]
-    status = {r["id"]: ("stale" if r["status"] in ("active", "idle") else r["status"])
-              for r in rows if r["id"] in waiting}
-    return {"live": live, "waiting": waiting, "waiting_status": status}
+    live_now = registry_liveness(now, config)
+    judged = [(r, live_now(r)) for r in rows]
+    waiting = [r for r, live in judged if not live]
+    status = {r["id"]: ("stale" if r["status"] in ("active", "idle") else r["status"]) for r in waiting}
+    return {"live": [r["id"] for r, live in judged if live], "waiting": [r["id"] for r in waiting],
+            "waiting_status": status}
 
 
 def take_token(tx, agent_id: str, now: datetime, config) -> None:
@@ -350,8 +352,9 @@ def drain_page(tx, agent_id: str, method: str, now: datetime, config, limit: int
     floor = state["delivered_upto"]
     newest = tx.signals_above(floor, QUICK_LOOK) if method != "hook" else None  # a hook also redelivers
     if newest is not None and len(newest) <= QUICK_LOOK and not _any_new(newest, agent_id, state):
-        # nothing here for the reader: no inbox query, and the watermark moves past what it cannot see
-        if newest:
+        # nothing here for the reader: no inbox query. The watermark moves past what it cannot see once
+        # half a quick look has gathered above it (one UPDATE every few calls of a busy sender, not each)
+        if len(newest) > QUICK_LOOK // 2:
             tx.set_delivered_upto(agent_id, newest[0]["sequence"])
         return [], 0
     fresh = [dict(as_dict(r), offers=0) for r in tx.visible_signals(

@@ -243,4 +243,12 @@ def registry_fresh(last_heartbeat: str | None, now: datetime, config) -> bool:
 
 def registry_live(row, now: datetime, config) -> bool:
     """A registry row that counts as live: `active` or `idle`, with a fresh `last_heartbeat`."""
-    return row["status"] in LIVE_REGISTRY_STATUSES and registry_fresh(row["last_heartbeat"], now, config)
+    return registry_liveness(now, config)(row)
+
+
+def registry_liveness(now: datetime, config):
+    """`registry_live` for many rows at one `now` (a send's audience, a broadcast's 1,000): the window
+    is worked out once."""
+    cutoff, ceiling = registry_window(now, config)
+    return lambda row: (row["status"] in LIVE_REGISTRY_STATUSES and bool(row["last_heartbeat"])
+                        and cutoff <= row["last_heartbeat"] <= ceiling)

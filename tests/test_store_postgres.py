@@ -329,6 +329,77 @@ def test_sigkill_mid_send_keeps_every_acknowledged_signal_once(machines):
     assert again["signal"]["sequence"] > max(s["sequence"] for s in got)
 
 
+def test_a_duplicate_id_leaves_no_gap_on_either_send_path(machines):
+    """The same message twice in one microsecond: the insert meets the stored id through the unique index
+    (ON CONFLICT), which draws a number first; the retry with the next microsecond's id takes that number,
+    on the one-call send (no reply_to) and on the composed one (a reply) alike."""
+    from datetime import datetime, timezone
+
+    laptop, runner = machines
+    sid = actions.start(laptop, agent_id="alice", session_id="s1", env={})["session_id"]
+    actions.start(runner, agent_id="bob", session_id=sid, env={})
+    moment = datetime(2030, 1, 1, tzinfo=timezone.utc)
+
+    def send(ws, who, to, text, **kw):
+        return actions.signal(ws, Who(who, sid), to, text, env={}, piggyback=False, now=moment, **kw)["signal"]
+
+    first, twin = send(laptop, "alice", "bob", "hello"), send(laptop, "alice", "bob", "hello")
+    reply, reply_twin = (send(runner, "bob", "alice", "re", reply_to=first["id"]),
+                         send(runner, "bob", "alice", "re", reply_to=first["id"]))
+    assert len({first["id"], twin["id"], reply["id"], reply_twin["id"]}) == 4
+    assert twin["timestamp"] > first["timestamp"] and reply_twin["timestamp"] > reply["timestamp"]
+    stored = store_rows(laptop, sid, "SELECT sequence, id FROM signals ORDER BY sequence")
+    assert [r["id"] for r in stored] == [first["id"], twin["id"], reply["id"], reply_twin["id"]]
+    numbers = [r["sequence"] for r in stored]
+    assert numbers == list(range(numbers[0], numbers[0] + 4))
+    assert [first["sequence"], twin["sequence"], reply["sequence"], reply_twin["sequence"]] == numbers
+
+
+SPENDER = r"""
+import json, sys
+from datetime import datetime, timezone
+from synapolis import actions
+from synapolis.errors import RateLimitedError
+from synapolis.identity import Who
+from synapolis.workspace import Workspace
+ws = Workspace.open(sys.argv[1])
+print("ready", flush=True)
+sys.stdin.readline()  # the start line: every spender goes at once
+moment = datetime(2030, 1, 1, tzinfo=timezone.utc)  # one instant for all: no token is refilled meanwhile
+sent, refused = [], 0
+for i in range(6):
+    try:
+        out = actions.signal(ws, Who("alice", sys.argv[2]), "bob", f"{sys.argv[3]}-{i}", env={}, piggyback=False,
+                             now=moment)
+        sent.append(out["signal"]["sequence"])
+    except RateLimitedError:
+        refused += 1
+print(json.dumps({"sent": sent, "refused": refused}))
+"""
+
+
+def test_one_agents_tokens_spent_from_two_machines_at_once(machines):
+    """The bucket is read, spent and written in one statement holding its row (synapolis_send): six processes
+    of one agent on two machines, 36 sends at one instant, store exactly `rate_limit_per_min` of them."""
+    laptop, runner = machines
+    laptop, runner = _config(laptop, rate_limit_per_min=10), _config(runner, rate_limit_per_min=10)
+    sid = actions.start(laptop, agent_id="alice", session_id="s1", env={})["session_id"]
+    actions.start(runner, agent_id="bob", session_id=sid, env={})
+    procs = [subprocess.Popen([sys.executable, "-c", SPENDER, str((laptop if i % 2 else runner).root), sid, f"p{i}"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(6)]
+    _all_ready(procs)
+    outs = [p.communicate("go\n", timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-400:] for o in outs]
+    results = [json.loads(o[0]) for o in outs]
+    sent = [n for r in results for n in r["sent"]]
+    assert len(sent) == 10 and sum(r["refused"] for r in results) == 26
+    stored = store_rows(laptop, sid, "SELECT sequence FROM signals WHERE sender = ?", ("alice",))
+    assert sorted(r["sequence"] for r in stored) == sorted(sent)
+    left = store_rows(runner, sid, "SELECT tokens FROM rate_buckets WHERE agent_id = ?", ("alice",))
+    assert [r["tokens"] for r in left] == [0.0]
+
+
 def test_schema_created_by_four_processes_at_once(pg_url, tmp_path):
     dirs = [use_store(tmp_path / f"m{i}", pg_url) for i in range(4)]
     procs = [subprocess.Popen([sys.executable, "-m", "synapolis", "--state-dir", str(ws.root), "start", "--agent-id",

@@ -83,9 +83,8 @@ def refresh(ws, state: dict, now_stamp: str) -> dict:
 
 
 # -- which state file a conversation keeps, without hashing its id ------------------------------------
-# The agent id a hook acts as is derived from the conversation id by SHA-256 (contract §2): about 0.2 ms in
-# plain Python (names.sha256_hex), 3 ms through hashlib (OpenSSL), either way more than a quiet call needs
-# to spend on it. The first full path writes
+# The agent id a hook acts as is derived from the conversation id by SHA-256 (contract §2): 3 ms through
+# hashlib (it loads OpenSSL), more than a quiet call needs to spend on it. The first full path writes
 # hooks/conversations/<harness>~<substrate>~<conversation>.json naming the state file; later calls read it
 # instead of hashing. The state file itself records its harness and conversation, so a wrong or planted
 # index entry is never followed (the caller checks, then hashes as before).

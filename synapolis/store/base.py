@@ -106,7 +106,8 @@ class Transaction(abc.ABC):
         None: no limit), give `signal` the Lamport value above the caller's clock (or every stored signal's
         for the system sender) and store it as `insert_signal` does. Returns {"refused": "recipient" |
         "caller" | "rate", "tokens"} with nothing stored, or {"sequence" (None when that id is stored
-        already), "lamport", "rows": the audience's registry rows}. None: not offered, and signals.send
+        already), "lamport", "rows": the audience's registry rows, each with at least `id`, `status` and
+        `last_heartbeat` (what `signals.audience` reads)}. None: not offered, and signals.send
         composes it from the operations above (the SQLite store, where a call costs no round trip)."""
         return None
 

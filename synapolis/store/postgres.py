@@ -38,7 +38,7 @@ try:
 except ImportError:  # pragma: no cover - exercised by a test with the driver hidden
     psycopg = None
 
-SCHEMA_VERSION = 7  # each version's script is idempotent: an upgrade runs the whole of it again
+SCHEMA_VERSION = 8  # each version's script is idempotent: an upgrade runs the whole of it again
 CONNECT_TIMEOUT_S = 5  # libpq's connect_timeout; with busy_timeout_ms the bound of §12 (at most 10 s)
 NOTIFY_CHANNEL = "synapolis_signals"
 POOL_MAX = 8  # connections of a long-lived process's pool
@@ -223,22 +223,27 @@ CREATE TABLE IF NOT EXISTS escalation_events
 
 -- a send in one round trip (signals.send's steps, in its order; Transaction.send_signal): the audience, the
 -- caller, its token bucket (signals.take_token's maths, the same IEEE doubles), the Lamport value, then the
--- insert under the session's insert lock (sequence order is commit order), the caller's clock and NOTIFY
+-- insert under the session's insert lock (sequence order is commit order), the caller's clock and NOTIFY.
+-- Version 8 adds p_reserved (below); version 7's 13-argument function stays for a machine not yet upgraded.
 CREATE OR REPLACE FUNCTION synapolis_send(p_session TEXT, p_id TEXT, p_timestamp TEXT, p_sender TEXT,
     p_recipient TEXT, p_type TEXT, p_content TEXT, p_caller TEXT, p_candidates TEXT[], p_rate DOUBLE PRECISION,
-    p_moment DOUBLE PRECISION, p_lock_key TEXT, p_channel TEXT) RETURNS JSON LANGUAGE plpgsql AS $send$
+    p_moment DOUBLE PRECISION, p_lock_key TEXT, p_channel TEXT, p_reserved BIGINT) RETURNS JSON LANGUAGE plpgsql
+AS $send$
 DECLARE
     v_rows     JSON;
     v_clock    BIGINT;
     v_tokens   DOUBLE PRECISION;
-    v_updated  DOUBLE PRECISION;
     v_sequence BIGINT;
 BEGIN
+    -- of each row of the audience, what signals.audience reads (a broadcast to 1,000 agents answers 1,000)
     IF p_candidates IS NULL THEN
-        SELECT COALESCE(json_agg(row_to_json(a) ORDER BY a.id), '[]'::json) INTO v_rows FROM agents a
+        SELECT COALESCE(json_agg(json_build_object('id', a.id, 'status', a.status, 'last_heartbeat',
+                                                   a.last_heartbeat) ORDER BY a.id), '[]'::json)
+        INTO v_rows FROM agents a
         WHERE a.session_id = p_session AND a.id <> p_sender AND NOT starts_with(p_sender, a.id || '.');
     ELSE
-        SELECT json_agg(row_to_json(a) ORDER BY a.id) INTO v_rows FROM agents a
+        SELECT json_agg(json_build_object('id', a.id, 'status', a.status, 'last_heartbeat', a.last_heartbeat)
+                        ORDER BY a.id) INTO v_rows FROM agents a
         WHERE a.session_id = p_session AND a.id = ANY (p_candidates);
         IF v_rows IS NULL THEN
             RETURN json_build_object('refused', 'recipient');
@@ -250,31 +255,44 @@ BEGIN
             RETURN json_build_object('refused', 'caller');
         END IF;
         IF p_rate IS NOT NULL THEN
-            SELECT tokens, updated_at INTO v_tokens, v_updated FROM rate_buckets
-            WHERE session_id = p_session AND agent_id = p_caller FOR UPDATE;
+            -- one statement refills, spends and writes the bucket on its latest version, holding its row (two
+            -- sends of one agent on two machines cannot spend one token); a bucket short of a token stays as it is
+            INSERT INTO rate_buckets AS b (session_id, agent_id, tokens, updated_at)
+            SELECT p_session, p_caller, p_rate - 1.0, p_moment WHERE p_rate >= 1.0
+            ON CONFLICT (session_id, agent_id) DO UPDATE
+            SET tokens = LEAST(p_rate, b.tokens + GREATEST(0.0, p_moment - b.updated_at) * (p_rate / 60.0)) - 1.0,
+                updated_at = p_moment
+            WHERE LEAST(p_rate, b.tokens + GREATEST(0.0, p_moment - b.updated_at) * (p_rate / 60.0)) >= 1.0;
             IF NOT FOUND THEN
-                v_tokens := p_rate;
-            ELSE
-                v_tokens := LEAST(p_rate, v_tokens + GREATEST(0.0, p_moment - v_updated) * (p_rate / 60.0));
+                SELECT LEAST(p_rate, tokens + GREATEST(0.0, p_moment - updated_at) * (p_rate / 60.0)) INTO v_tokens
+                FROM rate_buckets WHERE session_id = p_session AND agent_id = p_caller;
+                RETURN json_build_object('refused', 'rate', 'tokens', COALESCE(v_tokens, p_rate));
             END IF;
-            IF v_tokens < 1.0 THEN
-                RETURN json_build_object('refused', 'rate', 'tokens', v_tokens);
-            END IF;
-            INSERT INTO rate_buckets (session_id, agent_id, tokens, updated_at)
-            VALUES (p_session, p_caller, v_tokens - 1.0, p_moment)
-            ON CONFLICT (session_id, agent_id) DO UPDATE SET tokens = excluded.tokens, updated_at = excluded.updated_at;
         END IF;
     ELSE
         SELECT COALESCE(max(lamport), 0) INTO v_clock FROM signals WHERE session_id = p_session;
     END IF;
     PERFORM pg_advisory_xact_lock(hashtextextended(p_lock_key, 0));
-    -- after the lock, so this statement's snapshot holds every insert committed before ours
-    IF EXISTS (SELECT 1 FROM signals WHERE session_id = p_session AND id = p_id) THEN
-        RETURN json_build_object('sequence', NULL, 'lamport', v_clock + 1, 'rows', v_rows);
+    -- A stored id (the same message twice in one microsecond) is found by the unique index itself (ON
+    -- CONFLICT), not by a SELECT whose plan a connection keeps: one planned while the table was new went on
+    -- scanning the session's every signal through another index (docs/STORE.md, "Round trips"). The number
+    -- such an attempt drew is handed back, and the retry (the next microsecond's id, in this transaction,
+    -- under this lock) stores with it: a duplicate leaves no gap in the session's sequence.
+    IF p_reserved IS NULL THEN
+        INSERT INTO signals (session_id, id, timestamp, sender, recipient, type, content, lamport, reply_to)
+        VALUES (p_session, p_id, p_timestamp, p_sender, p_recipient, p_type, p_content, v_clock + 1, NULL)
+        ON CONFLICT (session_id, id) DO NOTHING RETURNING sequence INTO v_sequence;
+    ELSE
+        INSERT INTO signals (sequence, session_id, id, timestamp, sender, recipient, type, content, lamport,
+                             reply_to) OVERRIDING SYSTEM VALUE
+        VALUES (p_reserved, p_session, p_id, p_timestamp, p_sender, p_recipient, p_type, p_content, v_clock + 1,
+                NULL)
+        ON CONFLICT (session_id, id) DO NOTHING RETURNING sequence INTO v_sequence;
     END IF;
-    INSERT INTO signals (session_id, id, timestamp, sender, recipient, type, content, lamport, reply_to)
-    VALUES (p_session, p_id, p_timestamp, p_sender, p_recipient, p_type, p_content, v_clock + 1, NULL)
-    RETURNING sequence INTO v_sequence;
+    IF v_sequence IS NULL THEN
+        RETURN json_build_object('sequence', NULL, 'lamport', v_clock + 1, 'rows', v_rows, 'reserved',
+                                 COALESCE(p_reserved, currval(pg_get_serial_sequence('signals', 'sequence'))));
+    END IF;
     IF p_caller IS NOT NULL THEN
         UPDATE agents SET lamport = v_clock + 1 WHERE session_id = p_session AND id = p_caller AND lamport < v_clock + 1;
     END IF;
@@ -343,6 +361,7 @@ class PostgresTransaction(base.Transaction):
         self.session_id = session_id
         self.writing = writing
         self._horizon = None
+        self._reserved = None  # a sequence number drawn by an insert whose id was stored already
 
     def _all(self, sql, args=()):
         self.cur.execute(sql, args)
@@ -430,21 +449,32 @@ class PostgresTransaction(base.Transaction):
     def insert_signal(self, signal, caller=None):
         # the session's insert lock first, held to commit, and only then the sequence: sequence order is
         # commit order (see the module doc). One statement: the lock's row feeds the INSERT, so the lock
-        # is taken before nextval() runs.
+        # is taken before nextval() runs. A stored id is found by the unique index itself (ON CONFLICT), not
+        # by a planned lookup (docs/STORE.md, "Round trips"); the number such an attempt drew is kept and the
+        # retry (signals.send: the next microsecond's id, this transaction, this lock) inserts with it, so a
+        # duplicate leaves no gap.
+        reserved, self._reserved = self._reserved, None
+        columns = "session_id, id, timestamp, sender, recipient, type, content, lamport, reply_to"
+        if reserved is None:
+            into, values = f"({columns})", ""
+        else:
+            into, values = f"(sequence, {columns}) OVERRIDING SYSTEM VALUE", "%s::int8, "
         row = self._one(
             "WITH locked AS (SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))), "
-            "stored AS (INSERT INTO signals (session_id, id, timestamp, sender, recipient, type, content, lamport, "
-            "reply_to) SELECT %s, %s, %s, %s, %s, %s, %s, %s, %s FROM locked "
-            # an id already stored is filtered out before nextval() runs, so it uses up no number
-            "WHERE NOT EXISTS (SELECT 1 FROM signals WHERE session_id = %s AND id = %s) "
+            f"stored AS (INSERT INTO signals {into} SELECT {values}%s, %s, %s, %s, %s, %s, %s, %s, %s FROM locked "
             "ON CONFLICT (session_id, id) DO NOTHING RETURNING sequence), "
             "clock AS (UPDATE agents SET lamport = %s WHERE session_id = %s AND id = %s AND lamport < %s) "
-            "SELECT sequence, pg_notify(%s, %s) FROM stored",
-            (_key(self.session_id, "signals"), self.session_id, signal["id"], signal["timestamp"], signal["sender"],
-             signal["recipient"], signal["type"], signal["content"], signal["lamport"], signal["reply_to"],
-             self.session_id, signal["id"], signal["lamport"], self.session_id, caller, signal["lamport"],
-             NOTIFY_CHANNEL, self.session_id))
-        if row is None:
+            "SELECT s.sequence, CASE WHEN s.sequence IS NULL THEN "
+            "currval(pg_get_serial_sequence('signals', 'sequence')) END AS drawn, "
+            "CASE WHEN s.sequence IS NOT NULL THEN pg_notify(%s, %s) END AS notified "
+            # the LEFT JOIN gives a row either way, read after the INSERT ran (so currval has its number)
+            "FROM (SELECT 1) AS one LEFT JOIN stored s ON true",
+            (_key(self.session_id, "signals"), *([] if reserved is None else [reserved]), self.session_id,
+             signal["id"], signal["timestamp"], signal["sender"], signal["recipient"], signal["type"],
+             signal["content"], signal["lamport"], signal["reply_to"], signal["lamport"], self.session_id, caller,
+             signal["lamport"], NOTIFY_CHANNEL, self.session_id))
+        if row["sequence"] is None:
+            self._reserved = reserved if reserved is not None else int(row["drawn"])
             return None  # that id is stored already
         sequence = int(row["sequence"])
         if self._horizon is not None:
@@ -453,10 +483,13 @@ class PostgresTransaction(base.Transaction):
 
     def send_signal(self, signal, *, caller, candidates, rate, moment):
         out = self._one("SELECT synapolis_send(%s, %s, %s, %s, %s, %s, %s, %s, %s::text[], %s::float8, %s::float8, "
-                        "%s, %s) AS out",
+                        "%s, %s, %s::int8) AS out",
                         (self.session_id, signal["id"], signal["timestamp"], signal["sender"], signal["recipient"],
                          signal["type"], signal["content"], caller, candidates, rate, moment,
-                         _key(self.session_id, "signals"), NOTIFY_CHANNEL))["out"]
+                         _key(self.session_id, "signals"), NOTIFY_CHANNEL, self._reserved))["out"]
+        # an id stored already: signals.send retries with the next microsecond's id, which takes the number
+        # this attempt drew (see synapolis_send)
+        self._reserved = out.get("reserved")
         if out.get("sequence") is not None and self._horizon is not None:
             self._horizon = max(self._horizon, int(out["sequence"]))  # our own insert is ours to see
         return out
