@@ -62,6 +62,35 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f} ms"
 
 
+def process_cpu_s(pid: int | None) -> float | None:
+    """CPU seconds (user + system) process `pid` has used (Linux), else None."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except (OSError, TypeError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def child_pid(args_end: list[str], exclude=()) -> int | None:
+    """The pid of a child of this process whose command line ends with `args_end` (Linux), else None: the
+    stdio server, which the SDK's client starts and does not name."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+        children = {int(p) for t in tasks for p in open(f"/proc/self/task/{t}/children").read().split()}
+    except OSError:
+        return None
+    for pid in sorted(children - set(exclude)):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                argv = cmdline.read().decode(errors="replace").split("\0")[:-1]
+        except OSError:
+            continue
+        if argv[-len(args_end):] == args_end:
+            return pid
+    return None
+
+
 class Serve:
     """A `synapolis serve --port 0` process; its URL once it listens, and what it runs on."""
 
@@ -78,12 +107,7 @@ class Serve:
 
     def cpu_s(self) -> float | None:
         """CPU seconds the server process has used (Linux), else None."""
-        try:
-            with open(f"/proc/{self.proc.pid}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            return None
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return process_cpu_s(self.proc.pid)
 
     def stop(self):
         self.proc.terminate()
@@ -107,9 +131,10 @@ async def round_trips(cmd, state: Path, env: dict, servers: dict, token: str, ag
                                    env={**env, "SYNAPOLIS_AGENT_ID": me["agent_id"],
                                         "SYNAPOLIS_SESSION_ID": me["session_id"], "SYNAPOLIS_RUN_TOKEN": me["run_token"]})
     results = {verb: {side: [] for side in ["stdio", *servers]} for verb in VERBS}
-    cpu = {verb: {side: 0.0 for side in servers} for verb in VERBS}
+    cpu = {verb: {side: 0.0 for side in ["stdio", *servers]} for verb in VERBS}
     client_cpu = {verb: {side: 0.0 for side in ["stdio", *servers]} for verb in VERBS}
     bare = {side: [] for side in servers}
+    bare_cpu = {}  # side -> (server CPU, client CPU) per request
     async with AsyncExitStack() as stack:
         clients = {"stdio": await stack.enter_async_context(Client(stdio_client(params, errlog=sys.stderr),
                                                                    mode="legacy"))}
@@ -119,6 +144,8 @@ async def round_trips(cmd, state: Path, env: dict, servers: dict, token: str, ag
                                                             mode="legacy"))
             await client.call_tool("start_session", {"agent_id": f"http-bench-{n}", "session_id": me["session_id"]})
             clients[side] = client
+        stdio_pid = child_pid(["--state-dir", str(state), "mcp"], exclude=[s.proc.pid for s in servers.values()])
+        cpu_of = {side: server.cpu_s for side, server in servers.items()} | {"stdio": lambda: process_cpu_s(stdio_pid)}
         for verb, args in VERBS.items():
             for _ in range(10):  # warm-up
                 for client in clients.values():
@@ -126,7 +153,7 @@ async def round_trips(cmd, state: Path, env: dict, servers: dict, token: str, ag
             done = 0
             while done < calls:
                 for side, client in clients.items():
-                    before = servers[side].cpu_s() if side in servers else None
+                    before = cpu_of[side]()
                     ours = time.process_time()
                     for _ in range(BLOCK):
                         began = time.perf_counter()
@@ -134,18 +161,22 @@ async def round_trips(cmd, state: Path, env: dict, servers: dict, token: str, ag
                         results[verb][side].append(time.perf_counter() - began)
                     client_cpu[verb][side] += time.process_time() - ours
                     if before is not None:
-                        cpu[verb][side] += servers[side].cpu_s() - before
+                        cpu[verb][side] += cpu_of[side]() - before
                 done += BLOCK
         for side, server in servers.items():
             async with httpx2.AsyncClient(base_url=server.url) as plain:
                 for n in range(10 + calls):
+                    if n == 10:
+                        before, ours = server.cpu_s(), time.process_time()
                     began = time.perf_counter()
                     (await plain.get("/healthz")).raise_for_status()
                     if n >= 10:
                         bare[side].append(time.perf_counter() - began)
+                spent = server.cpu_s() - before if before is not None else None
+                bare_cpu[side] = (None if spent is None else spent / calls, (time.process_time() - ours) / calls)
     return {"times": results, "cpu": {v: {s: c / calls for s, c in sides.items()} for v, sides in cpu.items()},
             "client_cpu": {v: {s: c / calls for s, c in sides.items()} for v, sides in client_cpu.items()},
-            "bare": bare}
+            "bare": bare, "bare_cpu": bare_cpu}
 
 
 def ts_round_trips(cmd, state: Path, env: dict, server, token: str, agent: dict, calls: int, http_agent: str) -> dict | None:
@@ -161,9 +192,11 @@ def ts_round_trips(cmd, state: Path, env: dict, server, token: str, agent: dict,
     if done.returncode != 0:
         raise SystemExit(f"rtt.mjs failed: {done.stderr[-2000:]}")
     times = json.loads(done.stdout.strip().splitlines()[-1])
+    client_cpu = times.pop("_cpu", {})
     spent = server.cpu_s() - before if before is not None else None
     return {verb: {side: [ms / 1000 for ms in values] for side, values in sides.items()} for verb, sides in times.items()} \
-        | {"_cpu_per_call": spent / (calls + 10) / len(times) if spent is not None else None}
+        | {"_cpu_per_call": spent / (calls + 10) / len(times) if spent is not None else None,
+           "_client_cpu": {verb: (c["http"] / 1000, c["stdio"] / 1000) for verb, c in client_cpu.items()}}
 
 
 def dashboard_latency(cmd, state: Path, env: dict, url: str, token: str, signals: int) -> dict:
@@ -218,6 +251,41 @@ def dashboard_latency(cmd, state: Path, env: dict, url: str, token: str, signals
     return {"stored": stored, "launched": launched, "missed": missed}
 
 
+def floor_table(rt: dict, ts: dict | None) -> list[str]:
+    """Per (client, call) on the default stack: the CPU each side spends on one call, and the floor a server
+    with a free HTTP transport would leave: the client's own CPU over HTTP plus the server's CPU for the same
+    call over stdio (the verb and the protocol, no HTTP), against the target (twice the stdio round trip)."""
+    if not any(rt["cpu"][verb]["HTTP"] for verb in VERBS):
+        return []  # no /proc here: the server's CPU is unknown
+    lines = [
+        "What one call costs in CPU on each side (default stack; in parentheses the same over stdio). A round "
+        "trip spends the client's CPU and the server's mostly one after the other, so the client's own CPU over "
+        "HTTP plus what the server spends on the call over stdio is the floor of the HTTP round trip even for "
+        "a server whose HTTP transport cost nothing: where that floor exceeds twice the stdio round trip, no "
+        "server-side change meets the target for that client. The server's CPU is from the Python client's "
+        "run (the same server work for either client).",
+        "",
+        "| client | call | client CPU, HTTP (stdio) | server CPU, HTTP (stdio) | floor: client HTTP + server stdio "
+        "| target: 2x stdio p50 | floor within the target? |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    clients = [("Python SDK", rt["client_cpu"], rt["times"])]
+    if ts is not None:
+        clients.append(("TypeScript SDK", {v: {"HTTP": c[0], "stdio": c[1]} for v, c in ts["_client_cpu"].items()},
+                        {v: {"stdio": ts[v]["stdio"]} for v in VERBS}))
+    for client, client_cpu, times in clients:
+        for verb in VERBS:
+            if verb not in client_cpu:
+                continue
+            mine, server = client_cpu[verb], rt["cpu"][verb]
+            floor = mine["HTTP"] + server["stdio"]
+            target = 2 * statistics.median(times[verb]["stdio"])
+            lines.append(f"| {client} | {verb} | {mine['HTTP'] * 1000:.2f} ms ({mine['stdio'] * 1000:.2f}) | "
+                         f"{server['HTTP'] * 1000:.2f} ms ({server['stdio'] * 1000:.2f}) | {ms(floor)} | "
+                         f"{ms(target)} | {'yes' if floor <= target else 'no'} |")
+    return lines
+
+
 def run(args) -> str:
     tmp = Path(tempfile.mkdtemp(prefix="bench-serve-"))
     env = bench_env(tmp)
@@ -266,8 +334,8 @@ def run(args) -> str:
         f"### Round trips ({args.calls} calls each after 10 warm-up, the sides alternating in blocks of {BLOCK})",
         "",
         "Server CPU: CPU time the `serve` process spent per call (user + system, from /proc); client CPU: the "
-        "Python client's own (this process), over HTTP / over stdio. The machine's other work moves CPU time "
-        "much less than wall time.",
+        "client's own, over HTTP / over stdio (this process for the Python client, node's `process.cpuUsage()` for "
+        "the TypeScript one). The machine's other work moves CPU time much less than wall time.",
         "",
         "| client | call | server | HTTP p50 | HTTP p99 | stdio p50 | stdio p99 | HTTP / stdio (p50) | server CPU per call "
         "| client CPU per call, HTTP / stdio |",
@@ -291,10 +359,12 @@ def run(args) -> str:
             continue
         for verb in VERBS:
             row("TypeScript SDK", verb, side, times[verb]["http"], times[verb]["stdio"],
-                times["_cpu_per_call"] if verb == next(iter(VERBS)) else None)
+                times["_cpu_per_call"] if verb == next(iter(VERBS)) else None, times["_client_cpu"].get(verb))
     for side, values in rt["bare"].items():
+        server_cpu, client_cpu = rt["bare_cpu"][side]
         lines.append(f"| httpx2 | baseline: GET /healthz, a bare starlette route | {side} | "
-                     f"{ms(statistics.median(values))} | {ms(pct(values, .99))} | - | - | - | - | - |")
+                     f"{ms(statistics.median(values))} | {ms(pct(values, .99))} | - | - | - | {cpu_ms(server_cpu)} | "
+                     f"{client_cpu * 1000:.2f} ms / - |")
     met = [(c, v, s) for c, v, s, r in ratios if r <= 2.0 and s == "HTTP"]
     total = [r for r in ratios if r[2] == "HTTP"]
     lines += [
@@ -307,6 +377,8 @@ def run(args) -> str:
         "call over HTTP on this server (a request through uvicorn and starlette, no MCP, no verb); what an MCP "
         "call adds over it is the SDK's streamable HTTP transport (a POST answered with JSON, session checks) "
         "and the verb itself.",
+        "",
+        *floor_table(rt, ts.get("HTTP")),
         "",
         f"### Dashboard: `synapolis signal` (another process) to the page's `change` event ({args.signals} signals, "
         f"{live['missed']} missed)",

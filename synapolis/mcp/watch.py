@@ -10,16 +10,16 @@ nothing for an inbox (another agent's traffic, a checkpoint) notifies nobody.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 from ..atomic import is_temp_name
 from ..errors import NotFoundError, UsageError
 from ..names import validate_agent_id, validate_session_id
-from ..watching import event_handler, event_paths, start_observer, stop_observer
+from ..watching import event_handler, event_paths, start_observer, stop_observer, writes_only
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +124,11 @@ class Subscriptions:
             return len(self._watched)
 
 
+def _parts_under(path: str, prefix: str) -> list[str] | None:
+    """The components of `path` below the folder `prefix` (which ends with a separator), else None."""
+    return path[len(prefix):].split(os.sep) if path.startswith(prefix) else None
+
+
 def notes_size(ws, session_id: str) -> int:
     """A number that grows with each note of the session (the notes file's size on SQLite; see the store)."""
     from ..store import store_for
@@ -190,6 +195,9 @@ class SessionWatcher:
         self._observer = None
         self._thread = None
         self._stores: dict = {}
+        # the watched paths as the watcher's events spell them (string prefixes: pathlib per event costs)
+        self._root_prefix = os.path.join(str(ws.paths.root), "")
+        self._sessions_prefix = os.path.join(str(ws.paths.sessions), "")
 
     # -- the watchdog side -------------------------------------------------------------------------
     def mark_dirty(self, session_id: str) -> None:
@@ -199,22 +207,15 @@ class SessionWatcher:
             self._cond.notify()
 
     def _on_path(self, path: str) -> None:
-        try:
-            rel = Path(path).relative_to(self.ws.paths.sessions)
-        except ValueError:
-            return
-        parts = rel.parts
-        if len(parts) == 2 and parts[1] in _INTERESTING:
+        parts = _parts_under(path, self._sessions_prefix)
+        if parts is not None and len(parts) == 2 and parts[1] in _INTERESTING:
             self.mark_dirty(parts[0])
 
     def _note_change(self, path: str, kind: str) -> None:
         """A dashboard's news: a file written, made, removed or renamed in the state directory. Readers of
         SQLite make noise that is no news (they open read-write, so closing is a "closed"; they create the
         WAL and -shm, and the last one out deletes the WAL), so of the WAL only a write counts."""
-        try:
-            parts = Path(path).relative_to(self.ws.paths.root).parts
-        except ValueError:
-            return
+        parts = _parts_under(path, self._root_prefix)
         if not parts or parts[0] in _NOT_STATE or is_temp_name(parts[-1]) or parts[-1].endswith("-shm"):
             return  # locks, temporary files and SQLite's shared memory say nothing new
         if parts[-1].endswith("-wal") and kind != "modified":
@@ -228,9 +229,9 @@ class SessionWatcher:
             self._cond.notify()
 
     def _on_event(self, event) -> None:
-        if event.event_type in ("opened", "closed_no_write"):
-            return  # reads, including our own, change nothing
-        news = self.on_change is not None and event.event_type in _NEWS and not event.is_directory
+        if event.is_directory or event.event_type in ("opened", "closed_no_write"):
+            return  # reads, including our own, change nothing; a folder's own events say nothing a file's do not
+        news = self.on_change is not None and event.event_type in _NEWS
         for path in event_paths(event):
             if news:
                 self._note_change(path, event.event_type)
@@ -242,7 +243,8 @@ class SessionWatcher:
         if self.on_change is not None:
             folder = self.ws.paths.root
         self._observer = start_observer(event_handler(self._on_event), folder, recursive=True,
-                                        force_polling=self.force_polling, poll_interval_s=self.poll_interval_s, log=log)
+                                        force_polling=self.force_polling, poll_interval_s=self.poll_interval_s, log=log,
+                                        event_filter=writes_only())
         self.observer_kind = type(self._observer).__name__
 
     # -- the checker side --------------------------------------------------------------------------

@@ -7,7 +7,7 @@
 // run_token} of the stdio client's agent (its server's environment); HTTP_AGENT_ID: who the HTTP client
 // starts as, in that session. Each verb: 10 warm-up calls each way,
 // then CALLS calls each way in alternating blocks of BLOCK. Prints one JSON line: {verb: {http: [ms...],
-// stdio: [ms...]}}.
+// stdio: [ms...]}, _cpu: {verb: {http: ms, stdio: ms}}}, _cpu being this client's own CPU time per call.
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
@@ -36,17 +36,21 @@ async function call(client, verb, args) {
   if (result.isError) throw new Error(`${verb} failed: ${result.content[0].text}`);
 }
 
-const out = {};
+const out = { _cpu: {} };
 for (const [verb, args] of Object.entries(verbs)) {
   out[verb] = { http: [], stdio: [] };
+  const cpu = out._cpu[verb] = { http: 0, stdio: 0 };
   for (let i = 0; i < 10; i++) { await call(overHttp, verb, args); await call(overStdio, verb, args); }
   for (let done = 0; done < calls; done += block) {
     for (const [side, client] of [["http", overHttp], ["stdio", overStdio]]) {
+      const used = process.cpuUsage();
       for (let i = 0; i < block; i++) {
         const began = performance.now();
         await call(client, verb, args);
         out[verb][side].push(performance.now() - began);
       }
+      const spent = process.cpuUsage(used);
+      cpu[side] += (spent.user + spent.system) / 1000 / calls;  // µs to ms, per call
     }
   }
 }
