@@ -10,19 +10,24 @@ harness.quiet) and in the one where `signal` sends every round (the full path). 
 machine noise hits every side alike; medians of wall time, and of CPU time (user + system), which the
 machine's load disturbs less. Writes its section of benchmarks/RESULTS.md.
 
-    python benchmarks/bench_startup.py [--runs 21] [--label NAME] [--no-write]
+    python benchmarks/bench_startup.py [--runs 21] [--label NAME] [--no-write] [--instructions]
 
 `--label wheel` (say) keeps a second section beside the first: the same script run by another
 interpreter, e.g. a virtualenv with a non-editable install or another Python version.
+`--instructions` counts the instructions each side executes under valgrind (callgrind; the median of three
+runs) instead of timing it: the same count on a loaded machine as on a quiet one, so a change of a few hundred
+microseconds shows even while other processes share the CPUs (section bench_startup_instructions).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -30,13 +35,18 @@ from pathlib import Path
 from _common import bench_env, bench_parser, interpreter, machine, publish, synapolis_cmd, timed
 
 SECTION = "bench_startup"
+INSTRUCTION_RUNS = 3
 
 
 def main() -> int:
     parser = bench_parser(__doc__)
     parser.add_argument("--runs", type=int, default=21)
     parser.add_argument("--label", default="", help="a second section (bench_startup_LABEL) for another interpreter")
+    parser.add_argument("--instructions", action="store_true",
+                        help="count instructions under valgrind (callgrind), three runs a side, instead of timing")
     args = parser.parse_args()
+    if args.instructions and not shutil.which("valgrind"):
+        raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
 
     from synapolis import actions
     from synapolis.harness.hooks import agent_id_for
@@ -84,6 +94,14 @@ def main() -> int:
         for name, (cmd, stdin) in sides.items():  # warm-up: bytecode caches, page cache
             timed(cmd, env, stdin=stdin)
         load_before = os.getloadavg()[0]
+        if args.instructions:
+            counts = {name: [] for name in sides}
+            for _ in range(INSTRUCTION_RUNS):  # a median: a run can fall on a checkpoint of the session's WAL
+                for name, (cmd, stdin) in sides.items():
+                    counts[name].append(instructions(cmd, env, stdin,
+                                                     quiet_state=calm if "quiet path" in name else None))
+            counts = {name: statistics.median(found) for name, found in counts.items()}
+            return publish_instructions(counts, cli, args, load_before)
         for _ in range(args.runs):
             for name, (cmd, stdin) in sides.items():
                 spent = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -118,6 +136,56 @@ def main() -> int:
         f"path, {full_hook[2]:.2f}x (CPU {full_hook[4]:.2f}x).",
     ])
     publish(SECTION + (f"_{args.label}" if args.label else ""), text, write=not args.no_write)
+    return 0
+
+
+def instructions(cmd: list[str], env: dict, stdin: str | None, quiet_state: Path | None = None) -> float:
+    """Millions of instructions one run of `cmd` executes (callgrind's count; the run must succeed). With
+    `quiet_state`, the hook's quiet path is checked to be the one measured: a full path (the quiet memory
+    older than its window after slow runs) rewrites the memory's time, so it is refreshed first and must
+    not move."""
+    def memory_at():
+        hooks = quiet_state / "hooks"
+        return sorted(json.loads((hooks / n).read_text("utf-8")).get("quiet", {}).get("at", 0)
+                      for n in os.listdir(hooks) if n.endswith(".json"))
+
+    if quiet_state is not None:
+        for document in (quiet_state / "hooks").glob("*.json"):  # forget the memory: the next call refreshes it
+            state = json.loads(document.read_text("utf-8"))
+            state.pop("quiet", None)
+            document.write_text(json.dumps(state), "utf-8")
+        timed(cmd, env, stdin=stdin)
+        before = memory_at()
+    done = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *cmd], input=stdin,
+                          capture_output=True, text=True, env=env)
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    if done.returncode != 0 or not found:
+        raise SystemExit(f"{' '.join(cmd)} under valgrind failed ({done.returncode}): {done.stderr[-300:]}")
+    if quiet_state is not None and memory_at() != before:
+        raise SystemExit("the quiet hook took the full path under valgrind; nothing measured")
+    return int(found.group(1)) / 1e6
+
+
+def publish_instructions(counts: dict, cli: list[str], args, load: float) -> int:
+    first = next(iter(counts))
+    rows = [(name, n, n / counts[first]) for name, n in counts.items()]
+    verbs = [r for r in rows if r[0].startswith("`synapolis") and "hook" not in r[0] and "help" not in r[0]]
+    quiet_hook, full_hook = [r for r in rows if "hook" in r[0]]
+    worst = max(r[2] for r in verbs)
+    text = "\n".join([
+        "## Start-up against `python -c pass`, in instructions (bench_startup.py --instructions)", "",
+        f"Machine: {machine()} · load average {load:.1f} (instruction counts do not depend on it)  ",
+        f"Command: `python benchmarks/bench_startup.py --instructions` (the median of {INSTRUCTION_RUNS} interleaved "
+        f"runs a side under `valgrind --tool=callgrind`, user-space instructions; the `{Path(cli[0]).name}` "
+        "console script)  ",
+        interpreter(), "",
+        "| what | instructions | vs baseline |", "|---|---|---|",
+        *[f"| {name} | {n:.1f} M | {ratio:.2f}x |" for name, n, ratio in rows], "",
+        f"Worst agent verb {worst:.2f}x; the quiet hook {quiet_hook[2]:.2f}x; the full hook path {full_hook[2]:.2f}x. "
+        "The kernel's share (exec, page faults, fsync) is not counted: it weighs on both sides of a wall-time "
+        "ratio, so these ratios run higher than the wall-time ones above.",
+    ])
+    publish(SECTION + "_instructions", text, write=not args.no_write)
     return 0
 
 
