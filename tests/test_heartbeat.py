@@ -140,3 +140,69 @@ def test_cli_beat_errors(cli, state_dir, args, code, error_type):
     heartbeats = state_dir / "heartbeats"
     assert not heartbeats.exists() or os.listdir(heartbeats) == []
     assert not (state_dir.parent / "escape.json").exists()
+
+
+def _stamp_variants(count: int = 30_000) -> list[str]:
+    """Timestamps near the heartbeat's shape: good ones, each broken by a few random edits (other scripts'
+    digits, a newline, a 24th hour, ten fraction digits...)."""
+    import random
+
+    rnd = random.Random(15)
+    seeds = ["2026-12-02T03:21:00Z", "2026-12-02T23:59:59.123456789Z", "2026-12-02T24:00:00Z", "2026-12-02T19:60:00Z",
+             "2026-12-02T03:21:00.Z", "2026-12-02T03:21:00.1234567890Z", "2026-12-02T03:21:00Z\n", "2024-02-29T00:00:00Z",
+             "2023-02-29T00:00:00.5Z", "0000-01-01T00:00:00Z", "\u0662026-12-02T03:21:00Z", "2026-12-02T03:21:00.\u0661Z"]
+    stamps = list(seeds)
+    for _ in range(count):
+        chars = list(rnd.choice(seeds))
+        for _ in range(rnd.randint(1, 3)):
+            at = rnd.randrange(len(chars))
+            roll = rnd.random()
+            if roll < 0.6:
+                chars[at] = rnd.choice("0123456789-T:.Z z\u0662\uff12\u00b2x\n")
+            elif roll < 0.8:
+                del chars[at]
+            else:
+                chars.insert(at, rnd.choice("0123456789.Z\u0662"))
+        stamps.append("".join(chars))
+    return stamps
+
+
+def test_a_stamp_checked_by_hand_is_checked_as_the_pattern_and_parse_ts_check_it(monkeypatch):
+    """The first stamps of a process are checked without compiling the pattern (start-up), the rest with it;
+    either way _ts_ok agrees with the regular expression and timeutil.parse_ts on every variant. (The hand
+    check itself is held to the pattern on each ASCII variant.)"""
+    import re
+
+    from synapolis.timeutil import parse_ts
+
+    def reference(value) -> bool:
+        if not re.fullmatch(hb._UTC_TS_PATTERN, value):
+            return False
+        try:
+            parse_ts(value)
+        except ValueError:
+            return False
+        return True
+
+    stamps = _stamp_variants()
+    plain = [s for s in stamps if s.isascii()]
+    other = [s for s in stamps if not s.isascii()]
+    assert len(other) > 200  # the control: other scripts' digits were tried
+    expected = {stamp: reference(stamp) for stamp in stamps}
+    # by hand: every ASCII stamp, and the pattern is never compiled
+    monkeypatch.setattr(hb, "_ts_shape", None)
+    monkeypatch.setattr(hb, "_hand_checks_left", len(stamps))
+    assert [hb._ts_ok(s) for s in plain] == [expected[s] for s in plain]
+    assert hb._ts_shape is None
+    # text that is not ASCII compiles it (its \d takes other scripts' digits); so does a spent budget
+    assert [hb._ts_ok(s) for s in other] == [expected[s] for s in other]
+    assert hb._ts_shape is not None
+    monkeypatch.setattr(hb, "_ts_shape", None)
+    monkeypatch.setattr(hb, "_hand_checks_left", 0)
+    assert [hb._ts_ok(s) for s in stamps] == [expected[s] for s in stamps]
+    assert hb._ts_shape is not None
+    for stamp in plain:
+        assert hb._shape_by_hand(stamp) == bool(re.fullmatch(hb._UTC_TS_PATTERN, stamp)), stamp
+    answers = list(expected.values())
+    assert sum(answers) > 200 and len(answers) - sum(answers) > 200  # both answers were tried
+    assert hb._ts_ok(None) is False and hb._ts_ok(20261202) is False
