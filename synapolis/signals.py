@@ -250,7 +250,7 @@ def send(tx, *, caller: str | None, recipient: str, content: str, now: datetime,
     validate_agent_id(sender, "sender id")
     if caller is not None and sender != caller and not is_subagent_of(sender, caller):
         raise ForbiddenError(f"sender {sender!r} is neither the caller {caller!r} nor one of its sub-agents")
-    if not reply_to:
+    if not reply_to and tx.offers_send_signal:
         sent = _send_in_one_call(tx, caller=caller, sender=sender, recipient=recipient, type_=type_, content=content,
                                  now=now, config=config, rate_limited=rate_limited)
         if sent is not None:

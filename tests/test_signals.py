@@ -42,6 +42,17 @@ def test_signal_id_is_sha256_of_its_fields(ws, trio):
     assert twin["id"] != s["id"] and twin["sequence"] == s["sequence"] + 1
 
 
+def test_a_send_hashes_its_id_once_on_either_store(ws, trio, monkeypatch):
+    """The row (and its SHA-256 id) is built for the store's one-call send only where the store offers it."""
+    from synapolis import signals
+
+    hashed = []
+    real = signals.signal_id
+    monkeypatch.setattr(signals, "signal_id", lambda *parts: hashed.append(parts) or real(*parts))
+    s = send(ws, trio["alice"], "bob", "once")
+    assert len(hashed) == 1 and hashed[0][:4] == ("alice", "bob", "inform", "once")
+    assert s["id"] == real(*hashed[0])
+
 def test_visibility_rules(ws, trio):
     send(ws, trio["alice"], "*", "broadcast from alice")
     send(ws, trio["alice"], "bob", "to bob")

@@ -98,6 +98,9 @@ class Transaction(abc.ABC):
         (nothing stored) when a signal with that id exists already. The registered `caller` who sent
         it has its Lamport clock raised to the signal's value (one round trip on a server)."""
 
+    # True where `send_signal` is offered: signals.send then builds the row (and hashes its id) only for it
+    offers_send_signal = False
+
     def send_signal(self, signal: dict, *, caller: str | None, candidates: list | None, rate: float | None,
                     moment: float) -> dict | None:
         """Optional, for a store where round trips cost: `signals.send` in one call. Check the audience

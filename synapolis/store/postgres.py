@@ -356,6 +356,8 @@ def _key(*parts: str) -> str:
 class PostgresTransaction(base.Transaction):
     """One transaction on one session's rows of the shared database."""
 
+    offers_send_signal = True
+
     def __init__(self, cur, session_id: str, writing: bool):
         self.cur = cur
         self.session_id = session_id
