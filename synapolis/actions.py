@@ -291,7 +291,7 @@ def follow_signals(ws, who: Who | None = None, *, unread_only: bool = True, limi
     """
     import threading
 
-    from .watching import event_handler, start_observer, stop_observer
+    from .watching import event_handler, start_observer, stop_observer, writes_only
 
     stop = stop or threading.Event()
     changed = threading.Event()
@@ -308,7 +308,8 @@ def follow_signals(ws, who: Who | None = None, *, unread_only: bool = True, limi
     listener_stop = threading.Event()
     listener = store_for(ws).listen(lambda sid: changed.set() if sid in (None, session) else None, listener_stop)
     observer = None if listener is not None else \
-        start_observer(event_handler(on_event), ws.paths.session_dir(session), poll_interval_s=0.5)
+        start_observer(event_handler(on_event), ws.paths.session_dir(session), poll_interval_s=0.5,
+                       event_filter=writes_only())  # our own reads of the session must not wake us
     changed.set()
     try:
         yield from first["signals"]

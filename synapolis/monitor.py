@@ -288,7 +288,7 @@ def watch_monitor(ws, on_pass, stop: threading.Event | None = None, keep: int | 
 
     `on_pass(document)` is called after each pass. Returns the number of passes.
     """
-    from .watching import event_handler, event_paths, start_observer, stop_observer
+    from .watching import event_handler, event_paths, start_observer, stop_observer, writes_only
 
     stop = stop or threading.Event()
     changed = threading.Event()
@@ -301,7 +301,9 @@ def watch_monitor(ws, on_pass, stop: threading.Event | None = None, keep: int | 
                 changed.set()
 
     ws.paths.heartbeats.mkdir(parents=True, exist_ok=True)
-    observer = start_observer(event_handler(on_event), ws.paths.heartbeats, poll_interval_s=0.5)
+    # writes only: a pass reads every heartbeat, and each read's "opened" event would start the next pass
+    observer = start_observer(event_handler(on_event), ws.paths.heartbeats, poll_interval_s=0.5,
+                              event_filter=writes_only())
     passes = 0
     try:
         while not stop.is_set():

@@ -240,7 +240,7 @@ def watch(ws, redraw, stop: threading.Event | None = None, refresh_s: float = 5.
     one redraw. Reading a session database may itself touch its files, so only writes that matter
     count: JSON documents and the WAL of a session (a new signal), never deletions or lock files.
     """
-    from .watching import event_handler, start_observer, stop_observer
+    from .watching import event_handler, start_observer, stop_observer, writes_only
 
     stop = stop or threading.Event()
     changed = threading.Event()
@@ -255,7 +255,8 @@ def watch(ws, redraw, stop: threading.Event | None = None, refresh_s: float = 5.
     handler = event_handler(on_event)
     root = ws.root
     watched = root if root.is_dir() else next((p for p in root.parents if p.is_dir()), root)
-    observer = start_observer(handler, watched, recursive=watched == root, poll_interval_s=1.0)
+    observer = start_observer(handler, watched, recursive=watched == root, poll_interval_s=1.0,
+                              event_filter=writes_only())  # the redraw's own reads wake no watcher thread
     try:
         redraw()
         while not stop.is_set():
@@ -267,7 +268,7 @@ def watch(ws, redraw, stop: threading.Event | None = None, refresh_s: float = 5.
             changed.clear()
             if watched != root and root.is_dir():
                 observer.unschedule_all()
-                observer.schedule(handler, str(root), recursive=True)
+                observer.schedule(handler, str(root), recursive=True, event_filter=writes_only())
                 watched = root
             redraw()
     except KeyboardInterrupt:

@@ -259,6 +259,27 @@ def test_watch_monitor_reacts_to_a_beat(ws, put_heartbeat):
     assert not worker.is_alive()
 
 
+
+def test_watch_monitor_is_not_woken_by_its_own_reads(ws, put_heartbeat):
+    """A pass reads every heartbeat; those reads (inotify "opened" events) must not start the next pass."""
+    for name in ("a", "b", "c"):
+        put_heartbeat(name, now_ts())
+    passes: queue.Queue = queue.Queue()
+    stop = threading.Event()
+    worker = threading.Thread(target=mon.watch_monitor, args=(ws, passes.put, stop), kwargs={"interval": 60})
+    worker.start()
+    try:
+        assert len(passes.get(timeout=10)["agents"]) == 3
+        with pytest.raises(queue.Empty):  # reads woke it 5 times a second before writes_only()
+            extra = passes.get(timeout=1.5)
+            pytest.fail(f"a pass with nothing written: {len(extra['agents'])} agents")
+        put_heartbeat("d", now_ts())
+        assert len(passes.get(timeout=10)["agents"]) == 4  # a write still wakes it
+    finally:
+        stop.set()
+        worker.join(timeout=10)
+    assert not worker.is_alive()
+
 def test_cli_watch_until_interrupted(state_dir, put_heartbeat, spawn):
     proc = spawn(synapolis_cmd(state_dir, "monitor", "--watch", "--json"), stdout=subprocess.PIPE,
                  stderr=subprocess.PIPE, text=True)
