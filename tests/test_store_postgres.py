@@ -201,6 +201,19 @@ def _all_ready(procs) -> None:
         assert line.strip() == "ready", (line, proc.poll() is not None and proc.stderr.read()[-500:])
 
 
+def _race(procs, timeout: float) -> list[str]:
+    """Start every racer at once (each reads `go` after saying `ready`) and return their outputs, all of
+    them having exited 0. Every `go` is written before any output is awaited: a `communicate("go")` per
+    racer would let each finish before the next one starts."""
+    _all_ready(procs)
+    for proc in procs:
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    outs = [proc.communicate(timeout=timeout) for proc in procs]
+    assert all(proc.returncode == 0 for proc in procs), [err[-500:] for _out, err in outs]
+    return [out for out, _err in outs]
+
+
 ESCALATOR = r"""
 import json, sys
 from synapolis.escalation import run_escalation
@@ -252,13 +265,7 @@ def test_escalation_passes_racing_on_two_machines_open_one_incident(machines, tm
     procs = [subprocess.Popen([sys.executable, "-c", ESCALATOR, str(ws.root)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for ws in (laptop, runner, laptop, runner, laptop, runner)]
-    _all_ready(procs)
-    for proc in procs:
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-    outs = [proc.communicate(timeout=60) for proc in procs]
-    assert all(proc.returncode == 0 for proc in procs), [err for _out, err in outs]
-    events = [e for out, _err in outs for e in json.loads(out)]
+    events = [e for out in _race(procs, timeout=60) for e in json.loads(out)]
     assert [(e["event"], e["agent_id"]) for e in events] == [("opened", "ghost")]
     for ws in (laptop, runner):  # sequential passes on both machines add nothing
         out = run_cli(ws, "watchdog", "--json")
@@ -388,10 +395,7 @@ def test_one_agents_tokens_spent_from_two_machines_at_once(machines):
     procs = [subprocess.Popen([sys.executable, "-c", SPENDER, str((laptop if i % 2 else runner).root), sid, f"p{i}"],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(6)]
-    _all_ready(procs)
-    outs = [p.communicate("go\n", timeout=120) for p in procs]
-    assert all(p.returncode == 0 for p in procs), [o[1][-400:] for o in outs]
-    results = [json.loads(o[0]) for o in outs]
+    results = [json.loads(out) for out in _race(procs, timeout=120)]
     sent = [n for r in results for n in r["sent"]]
     assert len(sent) == 10 and sum(r["refused"] for r in results) == 26
     stored = store_rows(laptop, sid, "SELECT sequence FROM signals WHERE sender = ?", ("alice",))
@@ -821,10 +825,7 @@ def test_eight_processes_race_for_ten_claims_across_machines(machines):
     procs = [subprocess.Popen([sys.executable, "-c", RACER, str((laptop if i % 2 else runner).root), f"r{i}"],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(8)]
-    _all_ready(procs)
-    outs = [p.communicate("go\n", timeout=120) for p in procs]
-    assert all(p.returncode == 0 for p in procs), [o[1][-400:] for o in outs]
-    won = [json.loads(o[0]) for o in outs]
+    won = [json.loads(out) for out in _race(procs, timeout=120)]
     for i in range(10):
         winners = [w[f"ticket:{i}"] for w in won if f"ticket:{i}" in w]
         assert winners == [1], f"ticket:{i} won {len(winners)} times"
