@@ -117,7 +117,7 @@ def count_live_agents(tx, now: datetime, config, exclude: str | None = None) -> 
 
 
 def flag_stale_in(tx, now: datetime, config) -> list[dict]:
-    """Inside a write transaction: registry rows `active`/`idle` that are not fresh (status.registry_fresh:
+    """Inside a write transaction: registry rows `active`/`idle` that are not fresh (status.registry_window:
     not heard from in stale_after_s, or stamped beyond the clock skew) -> `stale`."""
     cutoff, ceiling = registry_window(now, config)
     rows = tx.flag_stale(cutoff, ceiling=ceiling)

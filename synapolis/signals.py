@@ -251,10 +251,8 @@ def send(tx, *, caller: str | None, recipient: str, content: str, now: datetime,
     if caller is not None and sender != caller and not is_subagent_of(sender, caller):
         raise ForbiddenError(f"sender {sender!r} is neither the caller {caller!r} nor one of its sub-agents")
     if not reply_to and tx.offers_send_signal:
-        sent = _send_in_one_call(tx, caller=caller, sender=sender, recipient=recipient, type_=type_, content=content,
+        return _send_in_one_call(tx, caller=caller, sender=sender, recipient=recipient, type_=type_, content=content,
                                  now=now, config=config, rate_limited=rate_limited)
-        if sent is not None:
-            return sent
     rows, mine = audience_rows(tx, recipient, sender, caller)
     if caller is not None and mine is None:
         raise _unknown_caller(caller)
@@ -290,15 +288,13 @@ def _new_signal(sender, recipient, type_, content, moment: datetime, lamport, re
 
 def _send_in_one_call(tx, *, caller, sender, recipient, type_, content, now, config, rate_limited):
     """`send` through the store's fused operation (`Transaction.send_signal`: the same checks, token bucket,
-    Lamport value and insert in one round trip), or None when the store has none."""
+    Lamport value and insert in one round trip)."""
     candidates = None if recipient == BROADCAST else recipient_chain(recipient)
     rate = float(config.rate_limit_per_min) if rate_limited and caller is not None else None
     moment = now
     while True:
         signal = _new_signal(sender, recipient, type_, content, moment, None, None)
         outcome = tx.send_signal(signal, caller=caller, candidates=candidates, rate=rate, moment=now.timestamp())
-        if outcome is None:
-            return None
         refused = outcome.get("refused")
         if refused == "recipient":
             raise _unknown_recipient(recipient)

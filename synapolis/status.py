@@ -235,10 +235,11 @@ def registry_window(now: datetime, config) -> tuple[str, str]:
     return cutoff, ceiling
 
 
-def registry_fresh(last_heartbeat: str | None, now: datetime, config) -> bool:
-    """Whether a registry row's `last_heartbeat` (the store's fixed-width stamp) is fresh at `now`."""
+def registry_freshness(now: datetime, config):
+    """Whether a registry row's `last_heartbeat` (the store's fixed-width stamp) is fresh at `now`, as a
+    test for many stamps: the window is worked out once."""
     cutoff, ceiling = registry_window(now, config)
-    return bool(last_heartbeat) and cutoff <= last_heartbeat <= ceiling
+    return lambda stamp: bool(stamp) and cutoff <= stamp <= ceiling
 
 
 def registry_live(row, now: datetime, config) -> bool:
@@ -247,8 +248,6 @@ def registry_live(row, now: datetime, config) -> bool:
 
 
 def registry_liveness(now: datetime, config):
-    """`registry_live` for many rows at one `now` (a send's audience, a broadcast's 1,000): the window
-    is worked out once."""
-    cutoff, ceiling = registry_window(now, config)
-    return lambda row: (row["status"] in LIVE_REGISTRY_STATUSES and bool(row["last_heartbeat"])
-                        and cutoff <= row["last_heartbeat"] <= ceiling)
+    """`registry_live` for many rows at one `now` (a send's audience, a broadcast's 1,000)."""
+    fresh = registry_freshness(now, config)
+    return lambda row: row["status"] in LIVE_REGISTRY_STATUSES and fresh(row["last_heartbeat"])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import stat
 
 from .config import Config, load_config, write_default_config
 from .errors import UsageError
@@ -58,11 +57,11 @@ class Workspace:
             # one stat per folder when they exist (every verb that writes runs this): makedirs would
             # stat the parent, try mkdir and stat again; it still runs, and raises, for what is missing
             # or not a folder
-            if not _is_dir(files.root):
+            if not os.path.isdir(files.root):
                 os.makedirs(files.root, mode=0o700, exist_ok=True)
             for folder in (files.heartbeats, files.escalations, files.claims, files.sessions,
                            files.monitor_history):
-                if not _is_dir(folder):
+                if not os.path.isdir(folder):
                     os.makedirs(folder, exist_ok=True)
             write_default_config(files.config)
         except OSError as exc:
@@ -72,9 +71,3 @@ class Workspace:
                              + (f" ({where})" if where else "")) from None
         return self
 
-
-def _is_dir(path: str) -> bool:
-    try:
-        return stat.S_ISDIR(os.stat(path).st_mode)
-    except OSError:
-        return False

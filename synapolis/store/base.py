@@ -98,7 +98,8 @@ class Transaction(abc.ABC):
         (nothing stored) when a signal with that id exists already. The registered `caller` who sent
         it has its Lamport clock raised to the signal's value (one round trip on a server)."""
 
-    # True where `send_signal` is offered: signals.send then builds the row (and hashes its id) only for it
+    # True where `send_signal` is offered; otherwise signals.send composes it from the operations above
+    # (the SQLite store, where a call costs no round trip) and builds no row for it
     offers_send_signal = False
 
     def send_signal(self, signal: dict, *, caller: str | None, candidates: list | None, rate: float | None,
@@ -110,9 +111,8 @@ class Transaction(abc.ABC):
         for the system sender) and store it as `insert_signal` does. Returns {"refused": "recipient" |
         "caller" | "rate", "tokens"} with nothing stored, or {"sequence" (None when that id is stored
         already), "lamport", "rows": the audience's registry rows, each with at least `id`, `status` and
-        `last_heartbeat` (what `signals.audience` reads)}. None: not offered, and signals.send
-        composes it from the operations above (the SQLite store, where a call costs no round trip)."""
-        return None
+        `last_heartbeat` (what `signals.audience` reads)}. Called only where `offers_send_signal`."""
+        raise NotImplementedError
 
     def signals_above(self, floor: int, limit: int) -> list | None:
         """Optional, for a store where a call costs no round trip: the newest signals numbered above `floor`
