@@ -102,6 +102,12 @@ def test_agent_verbs_load_nothing_heavy(pair, state_dir, verb):
     assert ("hashlib" in names) == (verb[0] == "signal")
     assert "threading" not in names  # the store's lock is a _thread.RLock (threading is ~1 ms)
     assert "click" not in names  # the plain form of a hot verb never needs it (synapolis.cli.fast)
+    # the store's transactions, as_agent and the notes appender are classes (contextlib is ~3 M instructions)
+    assert "contextlib" not in names
+    # what only one verb runs is imported where it runs: liveness for a send's audience, the board for a note
+    modules = _modules(done)
+    assert ("synapolis.status" in modules) == (verb[0] == "signal")
+    assert ("synapolis.board" in modules) == (verb[0] == "note")
     assert "sqlite3" in names  # the control: importtime saw the whole run
 
 

@@ -225,6 +225,7 @@ def one_call() -> None:
 def main(argv=None):
     """Console entry point for `synapolis`."""
     args = sys.argv[1:] if argv is None else list(argv)
+    gc.disable()  # while we find out whether this is one call (one_call): parse imports the verb's modules
     hook = _hook_call(args)
     if hook is not None:
         one_call()
@@ -235,6 +236,7 @@ def main(argv=None):
     if call is not None:
         one_call()
         run(call)  # exits
+    gc.enable()  # click's commands include the long-lived ones
     _click_main(args)
 
 
