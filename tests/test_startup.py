@@ -1,6 +1,6 @@
 """Start-up cost, by what loads: the paths a harness runs on every tool call (beat, signal, read-signals,
-claim, release, hook) and --help import none of the heavy libraries, a hook does not import click, and the hot paths
-skip the stdlib modules that were measured to cost most (benchmarks/RESULTS.md has the timings).
+claim, release, hook) and --help import none of the heavy libraries, a hook does not import click, and the
+hot paths skip the stdlib modules that were measured to cost most (benchmarks/RESULTS.md has the timings).
 
 Real processes under `python -X importtime`, which names every module a run imports; no timing here.
 They run with `-S` and the site directories on PYTHONPATH: what a clean virtualenv loads. Site-wide

@@ -1,7 +1,7 @@
 """The hot agent verbs without click: `[--state-dir DIR] VERB ARGS` in the forms their help documents.
 
-Hooks and agents run `beat`, `signal`, `read-signals`, `claim`, ... on every tool call, and `import click` alone
-is several times a bare `python -c pass`. `parse` accepts only what it can check exactly as click
+Hooks and agents run `beat`, `signal`, `read-signals`, `claim`, ... on every tool call, and `import click`
+alone is several times a bare `python -c pass`. `parse` accepts only what it can check exactly as click
 would (known options, values of the right type and choice, the right number of arguments); anything
 else (help, a typo, a bad value, an option given twice, `--`) returns None and click parses it, so
 help, error messages and exit codes stay click's. `run` then calls the same functions the click

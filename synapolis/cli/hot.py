@@ -1,8 +1,8 @@
 """The agent verbs a harness runs on every tool call, without click: what each calls and how it reads.
 
-Both ways in share these: the click commands (`signal_cmds`, `claim_cmds`) for help, errors and anything unusual,
-and `fast`, which parses the documented forms of these verbs itself so a plain `synapolis beat` never
-imports click. One function per verb: (the library's answer, how to show it to a person).
+Both ways in share these: the click commands (`signal_cmds`, `claim_cmds`) for help, errors and anything
+unusual, and `fast`, which parses the documented forms of these verbs itself so a plain `synapolis beat`
+never imports click. One function per verb: (the library's answer, how to show it to a person).
 """
 
 from __future__ import annotations
