@@ -47,6 +47,45 @@ def test_store_has_ep0118_tables_in_wal_mode(ws):
     assert doc["session_id"] == "s1" and doc["status"] == "active" and doc["ended_at"] is None
 
 
+@pytest.mark.sqlite_only
+def test_a_failed_transaction_rolls_back_and_leaves_the_store_free(ws):
+    """The store's write()/read() (classes, so no hot verb imports contextlib): a body that raises has its
+    writes rolled back, its error comes out as it was (an IntegrityError, a KeyError) or as a synapolis error
+    (another sqlite3 error: InternalError), and the store's lock is free at once for another thread."""
+    import threading
+
+    from synapolis.errors import InternalError
+
+    sid = sessions.create_session(ws, "s1", now=NOW)
+    stamp = "2026-06-02T10:00:00.000000Z"
+    with SessionStore.open(ws, sid) as store:
+        with pytest.raises(sqlite3.IntegrityError):
+            with store.write() as tx:
+                tx.register_agent("alice", harness="h", substrate="", stamp=stamp, run_token="t")
+                tx.execute("INSERT INTO agents (id, harness, substrate, status, run_token) VALUES ('b','h','s','x','t')")
+        with pytest.raises(KeyError):
+            with store.write() as tx:
+                tx.register_agent("alice", harness="h", substrate="", stamp=stamp, run_token="t")
+                raise KeyError("the verb's own failure")
+        with pytest.raises(InternalError, match="no such table"):
+            with store.read() as tx:
+                tx.execute("SELECT * FROM nowhere")
+        found = []
+        other = threading.Thread(target=lambda: found.append(_registered(store, "alice")), daemon=True)
+        other.start()
+        other.join(10)
+        assert found == [False]  # the other thread got the lock, and nothing of the failed writes is there
+        with store.write() as tx:
+            tx.register_agent("alice", harness="h", substrate="", stamp=stamp, run_token="t")
+    with SessionStore.open(ws, sid) as store:  # committed: a new connection sees it
+        assert _registered(store, "alice")
+
+
+def _registered(store, agent_id: str) -> bool:
+    with store.write() as tx:
+        return tx.agent(agent_id) is not None
+
+
 def test_open_unknown_session_is_not_found(ws):
     from synapolis.errors import NotFoundError
 
