@@ -5,7 +5,9 @@ Targets: `beat`, `signal` and the other agent verbs at most 3x `python -c pass` 
 hook at most 2x. `python -c "import click"` is shown for scale (what click alone costs), and
 `python -c "import json, sqlite3"` for the floor every store verb stands on. Every verb is its plain
 form, which the console script runs without click (synapolis.cli.fast); `beat --help` goes through
-click. The hook runs twice: in a state directory where nothing is sent (its quiet path: no store opened,
+click. The claim verbs do real work every run: `claim` takes an item the previous round's `release`
+freed (a new fencing token), a second `claim` renews an item its agent holds, `claim-check` checks that
+lease's token. The hook runs twice: in a state directory where nothing is sent (its quiet path: no store opened,
 harness.quiet) and in the one where `signal` sends every round (the full path). Runs interleave so
 machine noise hits every side alike; medians of wall time, and of CPU time (user + system), which the
 machine's load disturbs less. Writes its section of benchmarks/RESULTS.md.
@@ -50,6 +52,7 @@ def main() -> int:
 
     from synapolis import actions
     from synapolis.harness.hooks import agent_id_for
+    from synapolis.identity import Who
     from synapolis.workspace import Workspace
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-startup-"))
@@ -61,6 +64,10 @@ def main() -> int:
     sid = actions.start(ws, agent_id="alice", env={}, write_identity=False)["session_id"]
     actions.start(ws, agent_id="bob", session_id=sid, env={}, write_identity=False)
     actions.start(Workspace.open(calm), agent_id="alice", env={}, write_identity=False)
+    # the claim rows run in this order every round, each doing real work and exiting 0: bob claims
+    # bench:taken (released the round before: a new token), renews bench:held (his since here; same token),
+    # checks its token, releases bench:taken
+    held_token = actions.claim(ws, Who("bob", sid), "bench:held", env={})["claim"]["token"]
     env = {**bench_env(tmp), "SYNAPOLIS_STATE_DIR": str(state), "SYNAPOLIS_SESSION_ID": sid}
     cli = synapolis_cmd()
     conversation = "bench-startup-conversation"
@@ -78,6 +85,10 @@ def main() -> int:
         "`synapolis signals-pending`": ([*cli, "signals-pending", "--agent-id", "alice"], None),
         "`synapolis ack-signals --all`": ([*cli, "ack-signals", "--all", "--agent-id", "alice"], None),
         "`synapolis note`": ([*cli, "note", "bench note", "--agent-id", "bob"], None),
+        "`synapolis claim` (a released item: a new token)": ([*cli, "claim", "bench:taken", "--agent-id", "bob"], None),
+        "`synapolis claim` by its holder (a renewal)": ([*cli, "claim", "bench:held", "--agent-id", "bob"], None),
+        "`synapolis claim-check`": ([*cli, "claim-check", "bench:held", "--token", str(held_token)], None),
+        "`synapolis release`": ([*cli, "release", "bench:taken", "--agent-id", "bob"], None),
         "`synapolis hook claude-code` PostToolUse, nothing new (quiet path)": (
             [*cli, "--state-dir", str(calm), "hook", "claude-code"], tool_event),
         "`synapolis hook claude-code` PostToolUse after a send in the session (full path)": (

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import math
 import os
-import random
-import threading
 import time
 from datetime import datetime, timedelta
 
-from .atomic import JsonlLog, atomic_write_json, json_files, open_regular, parse_jsonl_line, read_json, restorable
+# hashlib (OpenSSL), threading, random and filelock are imported where they are used: `synapolis claim`
+# runs on a hook's schedule, and an uncontended claim of a short name needs none of them
+from .atomic import (JsonlLog, atomic_write_json, json_files, locked, open_regular, parse_jsonl_line, read_json,
+                     restorable)
 from .errors import (BusyError, ConflictError, ForbiddenError, InternalError, NotFoundError, StaleToken,
                      SynapolisError, UsageError)
 from .names import check_text, validate_agent_id, validate_claim_item, validate_session_id
@@ -45,23 +45,63 @@ def encode_item(item: str) -> str:
     """
     stem = "".join(ch if ch in _SAFE else f"%{ord(ch):02X}" for ch in item)
     if len(stem) > MAX_STEM:
-        stem = stem[:_PREFIX] + "~" + hashlib.sha256(item.encode("utf-8")).hexdigest()
+        from .names import sha256_hex
+
+        stem = stem[:_PREFIX] + "~" + sha256_hex(item.encode("utf-8"))
     return stem
 
 
 def claim_path(ws, item: str):
+    """The claim file of `item` as a pathlib.Path (for people and tests; the verbs use `_claim_file`)."""
     return ws.paths.claims / f"{encode_item(validate_claim_item(item))}.json"
+
+
+def _claim_file(ws, item: str) -> str:
+    """The claim file of a validated `item` as a plain str: the verbs never load pathlib."""
+    return os.path.join(ws.files.claims, f"{encode_item(item)}.json")
+
+
+def _lock_file(ws, item: str) -> str:
+    """The item's lock file. On POSIX nobody removes it (filelock keeps it too), so every holder locks one
+    inode; on Windows a FileLock removes it on release only when no other process has it open."""
+    return ws.files.lock(f"claim.{encode_item(item)}")
+
+
+def _try_item_lock(path: str):
+    """The item's lock taken at once (an entered atomic.locked, to be exited), or None: another process
+    holds it, or the file cannot be opened just now (on Windows a FileLock holder removes it on release)."""
+    lock = locked(path, blocking=False)
+    try:
+        if lock.__enter__():
+            return lock
+    except PermissionError:
+        return None  # filelock's turn: it copes with its own removals, or says what is wrong
+    lock.__exit__(None, None, None)
+    return None
 
 
 @contextlib.contextmanager
 def _item_lock(ws, item: str):
-    """The per-item file lock, with the configured finite timeout; a timeout is BusyError (exit 8)."""
-    from filelock import FileLock, Timeout  # ~50 ms to import: only verbs that lock pay it
+    """The per-item lock `.locks/claim.<stem>.lock`, with the configured finite timeout; a timeout is
+    BusyError (exit 8).
+
+    Free (the usual case): taken at once by atomic.locked's non-blocking try, without importing filelock
+    (50-75 ms, several times a whole `synapolis claim`). Held by another process: waited for through
+    filelock.FileLock, which takes the very same lock on the same file (flock on POSIX, a lock on byte 0
+    on Windows), so a holder on either side excludes the other (docs/CLAIMS.md, "The lock").
+    """
+    path = _lock_file(ws, item)
+    fast = _try_item_lock(path)
+    if fast is not None:
+        try:
+            yield
+        finally:
+            fast.__exit__(None, None, None)
+        return
+    from filelock import FileLock, Timeout  # contended: a waiter pays the import while it waits anyway
 
     timeout_ms = ws.config.busy_timeout_ms
-    path = ws.paths.lock(f"claim.{encode_item(item)}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(path), timeout=timeout_ms / 1000.0)
+    lock = FileLock(path, timeout=timeout_ms / 1000.0)
     try:
         lock.acquire()
     except Timeout:
@@ -100,7 +140,7 @@ def _load(ws, item: str, path) -> tuple[dict | None, bool]:
         return None, True
     if isinstance(doc, dict) and isinstance(doc.get("item"), str) and doc["item"] != item:
         # only on a case-insensitive filesystem, where 'Ticket:1' and 'ticket:1' share a name
-        raise ConflictError(f"claim item {item} shares its file {path.name} with item {doc['item']} "
+        raise ConflictError(f"claim item {item} shares its file {os.path.basename(path)} with item {doc['item']} "
                             "on this filesystem (it ignores case); spell the item differently", item=item)
     return (doc if _is_record(doc, item) else None), True
 
@@ -108,7 +148,7 @@ def _load(ws, item: str, path) -> tuple[dict | None, bool]:
 def _known_path(ws, item: str) -> str:
     """The marker saying `item` was claimed here before: `.locks/claims-known/<stem>`, an empty file kept
     with the item's lock file (claims/ holds claim files only)."""
-    return os.path.join(ws.paths.locks, "claims-known", encode_item(item))
+    return os.path.join(ws.files.locks, "claims-known", encode_item(item))
 
 
 def _mark_known(ws, item: str) -> bool:
@@ -143,7 +183,7 @@ def _high_water(ws, item: str, record: dict | None, known: bool = True) -> int:
     best = 0
     try:
         # a FIFO or device planted as the log is never opened (open_regular), so this never hangs
-        with open(open_regular(ws.paths.claims_log), "rb") as handle:
+        with open(open_regular(ws.files.claims_log), "rb") as handle:
             for line in handle:
                 if needle not in line:
                     continue
@@ -252,7 +292,7 @@ class FileSlot:
 
     def __init__(self, ws, item: str):
         self.ws, self.item = ws, item
-        self.path = claim_path(ws, item)
+        self.path = _claim_file(ws, item)
         self.record, self.existed = _load(ws, item, self.path)
         # under the item's lock, before any claim file of it is written; state dirs from before the
         # marker get it on first use (their items have files, so `existed` says known)
@@ -284,7 +324,7 @@ class FileSlot:
                 _repair(log, self.record, history[-1])
 
     def _log(self) -> JsonlLog:
-        return JsonlLog(self.ws.paths.claims_log, timeout=self.ws.config.busy_timeout_ms / 1000.0)
+        return JsonlLog(self.ws.files.claims_log, timeout=self.ws.config.busy_timeout_ms / 1000.0)
 
 
 @contextlib.contextmanager
@@ -295,7 +335,7 @@ def file_slot(ws, item: str):
 
 
 def file_document(ws, item: str) -> tuple[dict | None, bool]:
-    return _load(ws, item, claim_path(ws, item))
+    return _load(ws, item, _claim_file(ws, validate_claim_item(item)))
 
 
 def file_documents(ws):
@@ -324,8 +364,10 @@ class Claim(dict):
         self.lost: Exception | None = None  # why renewal stopped, when it did
         self._ws, self._agent_id, self._session_id, self._ttl_s = ws, agent_id, session_id, ttl_s
         self._beat = beat
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        # the renewal thread and its stop event exist only while held (`with`): threading stays unloaded
+        # for the CLI, which only claims
+        self._stop = None
+        self._thread = None
 
     @property
     def token(self) -> int:
@@ -379,9 +421,13 @@ class Claim(dict):
                 return
 
     def _stop_renewing(self) -> None:
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=max(5.0, self._ws.config.busy_timeout_ms / 1000.0 + 1))
+        if self._stop is not None:
+            self._stop.set()
+        if self._thread is not None:
+            import threading
+
+            if self._thread is not threading.current_thread():
+                self._thread.join(timeout=max(5.0, self._ws.config.busy_timeout_ms / 1000.0 + 1))
         self._thread = None
 
     def __enter__(self) -> "Claim":
@@ -391,7 +437,9 @@ class Claim(dict):
         if self._beat:
             doc = beat_holder(self._ws, self._agent_id, self._session_id)
             beat_every = max((doc.get("ttl_s") or self._ws.config.stale_after_s) / 3.0, 0.05)
-        self._stop.clear()
+        import threading
+
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._renew_loop, args=(beat_every,),
                                         name=f"claim-renew {self.item}", daemon=True)
         self._thread.start()
@@ -464,7 +512,9 @@ def claim(ws, item: str | None = None, agent_id: str | None = None, session_id: 
             if remaining <= 0:
                 raise
             # jittered, growing poll: waiters do not stampede the lock the moment it frees
-            time.sleep(min(remaining, delay * random.uniform(0.5, 1.0)))
+            from random import uniform
+
+            time.sleep(min(remaining, delay * uniform(0.5, 1.0)))
             delay, retried = min(delay * 1.5, 0.5), True
 
 

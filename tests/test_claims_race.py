@@ -14,7 +14,7 @@ from collections import defaultdict
 
 import pytest
 
-from conftest import wait_until
+from conftest import configure, wait_until
 from synapolis import claims
 from synapolis.atomic import read_jsonl
 from synapolis.errors import ConflictError, StaleToken
@@ -215,3 +215,144 @@ def test_crash_leftovers_are_ignored(tmp_path):
     assert claims.claim(ws, "t:1", "bob")["token"] == 2
     events = read_jsonl(ws.paths.claims_log)
     assert [e["event"] for e in events] == ["claimed", "released", "claimed"]
+
+
+# -- the item lock's two sides (docs/CLAIMS.md, "The lock"): atomic.locked's try and filelock's wait ---------
+
+FILELOCK_HOLDER = """
+import os, sys, time
+from filelock import FileLock
+lock = FileLock(sys.argv[1])
+lock.acquire()
+open(sys.argv[2], "w").close()
+deadline = time.monotonic() + 60
+while not os.path.exists(sys.argv[3]) and time.monotonic() < deadline:
+    time.sleep(0.01)
+lock.release()
+"""
+
+# a claimer that says when it falls back to filelock's wait: filelock is imported only then
+WATCHED_CLAIMER = """
+import sys
+
+
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "filelock":
+            open(sys.argv[1], "w").close()
+        return None
+
+
+sys.meta_path.insert(0, Watch())
+from synapolis.cli import main
+
+main(sys.argv[2:])
+"""
+
+
+def test_a_filelock_holder_excludes_the_fast_try_and_the_claimer_waits(tmp_path, cli, spawn):
+    """Process A holds the item's lock through filelock.FileLock (as a synapolis from before this lock did):
+    `synapolis claim` cannot take it at once, waits through filelock, times out with exit 8, or wins
+    once A lets go."""
+    state_dir = tmp_path / "state"
+    ws = configure(Workspace.open(state_dir).ensure(), busy_timeout_ms=500)
+    path = claims._lock_file(ws, "lock:1")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    held, let_go = tmp_path / "held", tmp_path / "let-go"
+    holder = spawn([sys.executable, "-c", FILELOCK_HOLDER, path, held, let_go])
+    wait_until(held.exists, DEADLINE_S, "A to hold the lock through FileLock")
+
+    busy = cli("claim", "lock:1", "--agent-id", "bob")
+    assert busy.returncode == 8 and "BusyError" in busy.stderr, busy.stderr
+    assert not claims.claim_path(ws, "lock:1").exists()  # nothing was written without the lock
+
+    configure(ws, busy_timeout_ms=60_000)
+    waiting = tmp_path / "waiting"
+    claimer = spawn([sys.executable, "-c", WATCHED_CLAIMER, waiting, "--state-dir", state_dir, "claim", "lock:1",
+                     "--agent-id", "bob", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_until(waiting.exists, DEADLINE_S, "B's fast try to fail and B to turn to filelock")
+    assert claimer.poll() is None and not claims.claim_path(ws, "lock:1").exists()  # B waits: A holds it
+    let_go.touch()
+    out, err = claimer.communicate(timeout=DEADLINE_S)
+    assert claimer.returncode == 0, err
+    assert json.loads(out)["claim"]["token"] == 1
+    assert holder.wait(timeout=DEADLINE_S) == 0
+    assert claims.check(ws, "lock:1", 1)["claimed_by"] == "bob"
+
+
+FAST_HOLDER = """
+import os, sys, time
+from synapolis import claims
+from synapolis.workspace import Workspace
+ws = Workspace.open(sys.argv[1])
+with claims._item_lock(ws, "lock:2"):
+    with open(sys.argv[2], "w") as out:
+        out.write(str("filelock" in sys.modules))  # False: the lock was free, taken by atomic.locked's try
+    deadline = time.monotonic() + 60
+    while not os.path.exists(sys.argv[3]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+"""
+
+
+def test_a_fast_holder_excludes_filelock(tmp_path, spawn):
+    """The reverse: process A holds the item's lock through the fast try (no filelock loaded); a FileLock in
+    this process cannot take it until A lets go, then takes it at once."""
+    from filelock import FileLock, Timeout
+
+    ws = Workspace.open(tmp_path / "state").ensure()
+    held, let_go = tmp_path / "held", tmp_path / "let-go"
+    holder = spawn([sys.executable, "-c", FAST_HOLDER, ws.root, held, let_go])
+    wait_until(lambda: held.exists() and held.read_text(), DEADLINE_S, "A to hold the lock")
+    assert held.read_text() == "False"
+    lock = FileLock(claims._lock_file(ws, "lock:2"), timeout=0.3)
+    with pytest.raises(Timeout):
+        lock.acquire()
+    let_go.touch()
+    assert holder.wait(timeout=DEADLINE_S) == 0
+    lock.acquire(timeout=DEADLINE_S)
+    try:
+        # and while this process holds it through FileLock, A's side of the lock finds it taken
+        assert claims._try_item_lock(claims._lock_file(ws, "lock:2")) is None
+    finally:
+        lock.release()
+    assert claims._try_item_lock(claims._lock_file(ws, "lock:2")) is not None
+
+
+def _old_racer(state_dir: str, index: int, barrier, out_dir: str) -> None:
+    """A racer of a synapolis from before the fast try (every lock through FileLock) on odd indexes: an
+    old and a new install sharing one state directory still never let two agents win one item."""
+    if index % 2:
+        claims._try_item_lock = lambda path: None
+    _racer(state_dir, index, barrier, out_dir)
+
+
+def test_old_and_new_lockers_race_for_twenty_items(tmp_path):
+    state_dir = tmp_path / "state"
+    ws = Workspace.open(state_dir).ensure()
+    for i in range(N_PROCS):
+        write_heartbeat(ws.paths, f"racer{i}")
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    ctx = multiprocessing.get_context("fork")
+    barrier = ctx.Barrier(N_PROCS)
+    procs = [ctx.Process(target=_old_racer, args=(str(state_dir), i, barrier, str(out_dir))) for i in range(N_PROCS)]
+    for proc in procs:
+        proc.start()
+    deadline = time.monotonic() + DEADLINE_S
+    for proc in procs:
+        proc.join(timeout=max(0.1, deadline - time.monotonic()))
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+    assert [p.exitcode for p in procs] == [0] * N_PROCS
+    for rnd in range(ROUNDS):
+        winners = defaultdict(list)
+        for i in range(N_PROCS):
+            result = json.loads((out_dir / f"r{rnd}_{i}.json").read_text())
+            assert result["other"] == []
+            for item, token in result["won"].items():
+                winners[item].append(i)
+        assert sorted(winners) == ITEMS and all(len(w) == 1 for w in winners.values()), winners
+    claimed = [e for e in read_jsonl(ws.paths.claims_log) if e["event"] == "claimed"]
+    assert sorted((e["item"], e["token"]) for e in claimed) == \
+        sorted((item, token) for item in ITEMS for token in range(1, ROUNDS + 1))

@@ -116,3 +116,93 @@ def test_parse_takes_only_the_plain_forms():
                  ["read-signals", "--follow"], ["beat", "--json=1"], ["beat", "--task", "a", "--task", "b"],
                  ["--state-dir", "", "beat"], ["--version"], []):
         assert fast.parse(args) is None, args
+
+
+# -- the claim verbs (contract §9): an agent claims, renews and releases around its edits -----------------
+
+@pytest.fixture
+def claim_twins(tmp_path):
+    """Two identical state directories: alice holds src/held.py (token 1), src/done.py was claimed and
+    released by alice, and bob has an unread signal (a claim's answer carries it)."""
+    first = tmp_path / "fast"
+    ws = Workspace.open(first).ensure()
+    sid = actions.start(ws, agent_id="alice", env={}, write_identity=False)["session_id"]
+    actions.start(ws, agent_id="bob", session_id=sid, env={}, write_identity=False)
+    actions.claim(ws, Who("alice", sid), "src/held.py", env={})
+    actions.claim(ws, Who("alice", sid), "src/done.py", env={})
+    actions.release(ws, Who("alice", sid), "src/done.py", env={})
+    actions.signal(ws, Who("alice", sid), "bob", "src/held.py is mine", env={})
+    shutil.copytree(first, tmp_path / "click")
+    return tmp_path / "fast", tmp_path / "click"
+
+
+CLAIM_SAME = [
+    ["claim", "src/a.py", "--agent-id", "bob"],
+    ["claim", "src/a.py", "--agent-id", "bob", "--ttl", "60", "--wait=0", "--json"],
+    ["claim", "--agent-id", "bob", "--no-piggyback", "src/a.py", "--ttl=1e3"],
+    ["claim", "src/held.py", "--agent-id", "alice", "--json"],  # a renewal: same token
+    ["claim", "src/held.py", "--agent-id", "bob"],  # held by a live other: exit 3
+    ["claim", "src/held.py", "--agent-id", "bob", "--wait", "0.2", "--json"],
+    ["claim", "src/done.py", "--agent-id", "bob", "--json"],  # released before: token 2
+    ["claim", "src/a.py", "--agent-id", "bob", "--ttl", "0"],
+    ["claim", "src/a.py", "--agent-id", "bob", "--ttl", "nan", "--json"],
+    ["claim", "src/a.py", "--agent-id", "bob", "--wait", "-1"],
+    ["claim", "src/a.py", "--agent-id", "bob", "--ttl", "soon"],
+    ["claim", "src/a.py", "--agent-id", "bob", "--ttl"],
+    ["claim", "src/a.py", "--agent-id", "bob", "--force"],
+    ["claim", "src/a.py", "src/b.py", "--agent-id", "bob"],
+    ["claim", "--agent-id", "bob"],
+    ["claim", "../etc/passwd", "--agent-id", "bob", "--json"],
+    ["claim", "src/a.py", "--agent-id", "no body"],
+    ["claim", "src/a.py", "--agent-id", "bob", "--run-token", "wrong", "--json"],
+    ["claim", "src/a.py", "--ttl", "5", "--ttl", "6", "--agent-id", "bob"],
+    ["claim", "--help"],
+    ["release", "src/held.py", "--agent-id", "alice"],
+    ["release", "src/held.py", "--agent-id", "alice", "--json"],
+    ["release", "src/held.py", "--agent-id", "bob"],  # another's claim: exit 7
+    ["release", "src/held.py", "--agent-id", "bob", "--force"],  # without a reason: exit 2
+    ["release", "src/held.py", "--agent-id", "bob", "--force", "--reason", "alice is on leave", "--json"],
+    ["release", "src/held.py", "--agent-id", "bob", "--force", "--reason=  "],
+    ["release", "src/done.py", "--agent-id", "alice"],  # already released: nothing changes
+    ["release", "never:claimed", "--agent-id", "bob", "--json"],
+    ["release", "src/held.py", "--agent-id", "alice", "--force=yes"],
+    ["release", "src/held.py", "--agent-id", "alice", "--reason", "a", "--reason", "b"],
+    ["release", "--help"],
+    ["claim-check", "src/held.py", "--token", "1"],
+    ["claim-check", "src/held.py", "--token=1", "--json"],
+    ["claim-check", "src/held.py", "--token", "2", "--json"],  # stale: exit 7
+    ["claim-check", "src/done.py", "--token", "1"],
+    ["claim-check", "never:claimed", "--token", "1", "--json"],  # exit 6
+    ["claim-check", "src/held.py"],  # --token is required: click's message
+    ["claim-check", "src/held.py", "--token", "one"],
+    ["claim-check", "src/held.py", "--token", "1", "--agent-id", "bob"],  # acts as nobody: no such option
+    ["claim-check", "src/held.py", "--token", "1", "--no-piggyback"],
+    ["claim-check", "--token", "1"],
+]
+
+
+@pytest.mark.parametrize("args", CLAIM_SAME, ids=" ".join)
+def test_claim_verbs_give_the_same_answer_both_ways(claim_twins, args):
+    quick, slow = both(claim_twins, *args)
+    assert quick.returncode == slow.returncode, (quick.stderr, slow.stderr)
+    assert _norm(quick.stdout) == _norm(slow.stdout)
+    assert _norm(quick.stderr) == _norm(slow.stderr)
+    assert "Traceback" not in quick.stderr + slow.stderr
+    # what each left on disk is the same too: the claim file of the item (or its absence)
+    for name in ("src%2Fheld.py.json", "src%2Fa.py.json", "src%2Fdone.py.json"):
+        fast_doc, click_doc = [_norm(path.read_text()) if path.exists() else None
+                               for path in (state / "claims" / name for state in claim_twins)]
+        assert fast_doc == click_doc, name
+
+
+def test_the_claim_verbs_take_the_fast_path(claim_twins):
+    """The plain forms parse without click; the control: what parse leaves to click does go there."""
+    assert fast.parse(["claim", "t:1", "--agent-id", "a", "--ttl", "60"]) == \
+        (None, "claim", {"item": "t:1", "agent_id": "a", "ttl": 60.0})
+    assert fast.parse(["--state-dir", "/s", "release", "t:1", "--force", "--reason=why", "--json"]) == \
+        ("/s", "release", {"item": "t:1", "force": True, "reason": "why", "as_json": True})
+    assert fast.parse(["claim-check", "t:1", "--token", "4"]) == (None, "claim-check", {"item": "t:1", "token": 4})
+    for args in (["claim"], ["claim", "t:1", "--wait"], ["claim", "t:1", "--wait", "x"], ["claim", "t:1", "-h"],
+                 ["release", "t:1", "--force=1"], ["claim-check", "t:1"], ["claim-check", "t:1", "--token", "1.5"],
+                 ["claim-check", "t:1", "--token", "1", "--agent-id", "a"], ["claims"], ["claim", "t:1", "--", "x"]):
+        assert fast.parse(args) is None, args

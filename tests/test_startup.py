@@ -1,6 +1,6 @@
 """Start-up cost, by what loads: the paths a harness runs on every tool call (beat, signal, read-signals,
-hook) and --help import none of the heavy libraries, a hook does not import click, and the hot paths
-skip the stdlib modules that were measured to cost most (benchmarks/RESULTS.md has the timings).
+claim, release, hook) and --help import none of the heavy libraries, a hook does not import click, and the
+hot paths skip the stdlib modules that were measured to cost most (benchmarks/RESULTS.md has the timings).
 
 Real processes under `python -X importtime`, which names every module a run imports; no timing here.
 They run with `-S` and the site directories on PYTHONPATH: what a clean virtualenv loads. Site-wide
@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import clean_env
-from synapolis import actions
+from conftest import clean_env, configure
+from synapolis import actions, claims
+from synapolis.atomic import locked
 from synapolis.harness.hooks import agent_id_for
 from synapolis.identity import Who
 from synapolis.workspace import Workspace
@@ -122,6 +123,36 @@ def test_a_first_beat_into_a_fresh_state_dir_stays_light(tmp_path):
     assert done.returncode == 0, _stderr(done)
     assert (tmp_path / "fresh" / "heartbeats" / "newcomer.json").is_file()
     assert not names & (HEAVY | WEIGHTY), sorted(names & (HEAVY | WEIGHTY))
+
+
+# -- claims -----------------------------------------------------------------------------------------
+
+def test_claim_verbs_load_nothing_heavy(pair, state_dir):
+    """claim, a renewal, claim-check and release, uncontended: the item's lock is atomic.locked's try, so no
+    filelock (it only waits for another holder); no click (cli.fast); no hashlib (only an item name too long
+    for a file name is hashed); no threading (the renewal thread is the context manager's, not the CLI's)."""
+    ws, sid = pair
+    me = ("--agent-id", "alice", "--session-id", sid)
+    for verb, expect in ((["claim", "src/api.py", *me], "claimed"), (["claim", "src/api.py", *me], "renewed"),
+                         (["claim-check", "src/api.py", "--token", "1"], None),
+                         (["release", "src/api.py", *me], "released")):
+        names, done = loaded("--state-dir", str(state_dir), *verb, "--json")
+        assert done.returncode == 0, _stderr(done)
+        answer = json.loads(done.stdout)  # a real answer, not an error that stopped early
+        assert answer["claim"]["token"] == 1 and answer.get("event") == expect, answer
+        assert not names & (HEAVY | WEIGHTY | {"click", "threading"}), sorted(names & (HEAVY | WEIGHTY))
+    assert json.loads((ws.paths.claims / "src%2Fapi.py.json").read_text())["released_by"] == "alice"
+
+    # the controls: a name past 180 characters is hashed (hashlib loads), and a held lock is waited for
+    # through filelock, which the run then loads
+    names, done = loaded("--state-dir", str(state_dir), "claim", "x" * 200, *me)
+    assert done.returncode == 0 and "hashlib" in names and "filelock" not in names, _stderr(done)
+    configure(ws, busy_timeout_ms=300)
+    with locked(claims._lock_file(ws, "src/api.py"), blocking=False) as mine:
+        assert mine
+        names, done = loaded("--state-dir", str(state_dir), "claim", "src/api.py", *me)
+    assert done.returncode == 8 and "BusyError" in _stderr(done)
+    assert "filelock" in names and "click" not in names
 
 
 # -- hooks ------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ Hooks call the CLI on every tool call of every agent, so start-up cost matters t
 commands live in the modules of this package and are imported only when invoked, and click itself
 (most of the cost of a bare `python -c "import click"`) is imported only when a verb needs it. A
 hook does not: `main` hands `[--state-dir DIR] hook HARNESS` straight to `synapolis.harness.hooks`, and the
-plain forms of the hot agent verbs (beat, signal, read-signals, ...) to `synapolis.cli.fast`.
+plain forms of the hot agent verbs (beat, signal, read-signals, claim, release, ...) to `synapolis.cli.fast`.
 """
 
 from __future__ import annotations

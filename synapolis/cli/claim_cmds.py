@@ -4,30 +4,10 @@ from __future__ import annotations
 
 import click
 
-from .. import actions
 from .. import claims as cl
 from ..store import clock
-from .common import agent_options, ago, emit, json_option, pass_workspace, table, with_pending
-
-
-def _claim_text(data) -> str:
-    record, event = data["claim"], data["event"]
-    verb = {"claimed": "claimed", "renewed": "renewed", "taken_over": "took over"}.get(event, event)
-    line = f"{verb} {record['item']}"
-    if event == "taken_over":
-        prev = record["taken_over_from"]
-        line += f" from {prev['agent_id']} ({prev['reason']})"
-    return f"{line}  token {record['token']}  expires {ago(record['expires_at'])} ({record['expires_at']})"
-
-
-def _release_text(data) -> str:
-    record, event = data["claim"], data["event"]
-    if event is None:
-        return f"{record['item']} was already released {ago(record['released_at'])}"
-    if event == "force_released":
-        return (f"force-released {record['item']} from {record['claimed_by']} (token {record['token']}): "
-                f"{record['release_reason']}")
-    return f"released {record['item']} (token {record['token']})"
+from . import hot
+from .common import agent_options, ago, emit, json_option, pass_workspace, table
 
 
 @click.command("claim")
@@ -43,8 +23,7 @@ def claim_cmd(ws, item, ttl, wait, who, piggyback, as_json):
 
     Example: synapolis claim ticket:142 --agent-id alice --ttl 1800 --wait 30
     """
-    data = actions.claim(ws, who, item, ttl_s=ttl, wait_s=wait, piggyback=piggyback)
-    emit(as_json, data, lambda d: with_pending(_claim_text(d), d))
+    emit(as_json, *hot.claim(ws, who, piggyback, item, ttl=ttl, wait=wait))
 
 
 @click.command("release")
@@ -58,8 +37,7 @@ def release_cmd(ws, item, force, reason, who, piggyback, as_json):
 
     Example: synapolis release ticket:142 --agent-id alice
     """
-    data = actions.release(ws, who, item, force=force, reason=reason, piggyback=piggyback)
-    emit(as_json, data, lambda d: with_pending(_release_text(d), d))
+    emit(as_json, *hot.release(ws, who, piggyback, item, force=force, reason=reason))
 
 
 @click.command("claims")
@@ -101,7 +79,4 @@ def claim_check_cmd(ws, item, token, as_json):
 
     Example: synapolis claim-check src/api/users.py --token 4 && apply-the-write
     """
-    data = actions.claim_check(ws, None, item, token)
-    record = data["claim"]
-    emit(as_json, data, lambda d: f"ok: token {token} is live for {item} (held by {record['claimed_by']}, "
-                                  f"expires {ago(record['expires_at'])})")
+    emit(as_json, *hot.claim_check(ws, None, False, item, token))

@@ -1,7 +1,7 @@
 """The hot agent verbs without click: `[--state-dir DIR] VERB ARGS` in the forms their help documents.
 
-Hooks and agents run `beat`, `signal`, `read-signals`, ... on every tool call, and `import click` alone
-is several times a bare `python -c pass`. `parse` accepts only what it can check exactly as click
+Hooks and agents run `beat`, `signal`, `read-signals`, `claim`, ... on every tool call, and `import click`
+alone is several times a bare `python -c pass`. `parse` accepts only what it can check exactly as click
 would (known options, values of the right type and choice, the right number of arguments); anything
 else (help, a typo, a bad value, an option given twice, `--`) returns None and click parses it, so
 help, error messages and exit codes stay click's. `run` then calls the same functions the click
@@ -15,6 +15,8 @@ import sys
 
 _AGENT = {"--agent-id": "agent_id", "--session-id": "session_id", "--run-token": "run_token"}
 _FLAGS = {"--no-piggyback": "no_piggyback", "--json": "as_json"}
+# verbs that act as nobody (claim-check: of the shared options only --json), with the options click requires
+_AGENTLESS = {"claim-check": ("token",)}
 
 
 def _int(minimum: int):
@@ -54,10 +56,14 @@ def _specs() -> dict:
         "signals-pending": ((), {"--limit": ("limit", _int(1))}, {}),
         "ack-signals": (("ids?",), {}, {"--all": ("all_", True)}),
         "note": (("text",), {}, {}),
+        "claim": (("item",), {"--ttl": ("ttl", _float), "--wait": ("wait", _float)}, {}),
+        "release": (("item",), {"--reason": ("reason", str)}, {"--force": ("force", True)}),
+        "claim-check": (("item",), {"--token": ("token", int)}, {}),  # click's INT takes what int() takes
     }
 
 
-VERBS = ("beat", "signal", "read-signals", "signals-pending", "ack-signals", "note")
+VERBS = ("beat", "signal", "read-signals", "signals-pending", "ack-signals", "note", "claim", "release",
+         "claim-check")
 
 
 def parse(args: list[str]):
@@ -73,8 +79,11 @@ def parse(args: list[str]):
         return None  # click's Path check and the workspace's own message: theirs to give
     verb, rest = args[0], args[1:]
     names, options, flags = _specs()[verb]
-    options = dict(options, **{k: (v, str) for k, v in _AGENT.items()})
-    flags = dict(flags, **{k: (v, True) for k, v in _FLAGS.items()})
+    if verb in _AGENTLESS:
+        flags = dict(flags, **{"--json": ("as_json", True)})
+    else:
+        options = dict(options, **{k: (v, str) for k, v in _AGENT.items()})
+        flags = dict(flags, **{k: (v, True) for k, v in _FLAGS.items()})
     values: dict = {}
     seen: set = set()
     positional: list = []
@@ -112,6 +121,8 @@ def parse(args: list[str]):
     required = [n for n in names if not n.endswith("?")]
     if not len(required) <= len(positional) <= len(names):
         return None
+    if any(key not in values for key in _AGENTLESS.get(verb, ())):
+        return None  # a required option missing: click's message
     for name, value in zip(names, positional):
         values[name.rstrip("?")] = value
     return state_dir, verb, values

@@ -1,8 +1,8 @@
 """The agent verbs a harness runs on every tool call, without click: what each calls and how it reads.
 
-Both ways in share these: the click commands (`signal_cmds`) for help, errors and anything unusual,
-and `fast`, which parses the documented forms of these verbs itself so a plain `synapolis beat` never
-imports click. One function per verb: (the library's answer, how to show it to a person).
+Both ways in share these: the click commands (`signal_cmds`, `claim_cmds`) for help, errors and anything
+unusual, and `fast`, which parses the documented forms of these verbs itself so a plain `synapolis beat`
+never imports click. One function per verb: (the library's answer, how to show it to a person).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 
 from .. import actions
-from .text import more_line, signal_line, with_pending
+from .text import ago, more_line, signal_line, with_pending
 
 
 def content_arg(value: str, ws) -> str:
@@ -90,3 +90,43 @@ def signals_pending(ws, who, piggyback: bool, limit=None):
 def note(ws, who, piggyback: bool, text: str):
     data = actions.note(ws, who, content_arg(text, ws), piggyback=piggyback)
     return data, lambda d: with_pending(f"note #{d['note']['seq']} added", d)
+
+
+# -- claims (contract §9): an agent claims, renews (claims again) and releases around its edits ---------
+
+def claim_text(d: dict) -> str:
+    record, event = d["claim"], d["event"]
+    verb = {"claimed": "claimed", "renewed": "renewed", "taken_over": "took over"}.get(event, event)
+    line = f"{verb} {record['item']}"
+    if event == "taken_over":
+        prev = record["taken_over_from"]
+        line += f" from {prev['agent_id']} ({prev['reason']})"
+    return f"{line}  token {record['token']}  expires {ago(record['expires_at'])} ({record['expires_at']})"
+
+
+def release_text(d: dict) -> str:
+    record, event = d["claim"], d["event"]
+    if event is None:
+        return f"{record['item']} was already released {ago(record['released_at'])}"
+    if event == "force_released":
+        return (f"force-released {record['item']} from {record['claimed_by']} (token {record['token']}): "
+                f"{record['release_reason']}")
+    return f"released {record['item']} (token {record['token']})"
+
+
+def claim(ws, who, piggyback: bool, item: str, ttl=None, wait=0.0):
+    data = actions.claim(ws, who, item, ttl_s=ttl, wait_s=wait, piggyback=piggyback)
+    return data, lambda d: with_pending(claim_text(d), d)
+
+
+def release(ws, who, piggyback: bool, item: str, force=False, reason=None):
+    data = actions.release(ws, who, item, force=force, reason=reason, piggyback=piggyback)
+    return data, lambda d: with_pending(release_text(d), d)
+
+
+def claim_check(ws, who, piggyback: bool, item: str, token: int):
+    """Acts as nobody (actions.claim_check): `who` and `piggyback` are the fast path's, unused."""
+    data = actions.claim_check(ws, None, item, token)
+    record = data["claim"]
+    return data, lambda d: (f"ok: token {token} is live for {item} (held by {record['claimed_by']}, "
+                            f"expires {ago(record['expires_at'])})")
