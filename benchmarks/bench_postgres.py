@@ -71,15 +71,14 @@ def workspace(root: Path, url: str, **config) -> Workspace:
 def composed_sends():
     """signals.send composed from the interface's single operations (six round trips), as before the store
     had its one-call send (Transaction.send_signal; schema 7)."""
-    from synapolis.store import base
     from synapolis.store.postgres import PostgresTransaction
 
-    fused = PostgresTransaction.send_signal
-    PostgresTransaction.send_signal = base.Transaction.send_signal
+    offered = PostgresTransaction.offers_send_signal
+    PostgresTransaction.offers_send_signal = False  # signals.send then composes it (and never calls send_signal)
     try:
         yield
     finally:
-        PostgresTransaction.send_signal = fused
+        PostgresTransaction.offers_send_signal = offered
 
 
 def bench_sends(tmp: Path, url: str, count: int, chunk: int = 20) -> dict:
