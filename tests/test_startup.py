@@ -103,6 +103,12 @@ def test_agent_verbs_load_nothing_heavy(pair, state_dir, verb):
     assert ("hashlib" in names) == (verb[0] == "signal")
     assert "threading" not in names  # the store's lock is a _thread.RLock (threading is ~1 ms)
     assert "click" not in names  # the plain form of a hot verb never needs it (synapolis.cli.fast)
+    # the store's transactions, as_agent and the notes appender are classes (contextlib is ~3 M instructions)
+    assert "contextlib" not in names
+    # what only one verb runs is imported where it runs: liveness for a send's audience, the board for a note
+    modules = _modules(done)
+    assert ("synapolis.status" in modules) == (verb[0] == "signal")
+    assert ("synapolis.board" in modules) == (verb[0] == "note")
     assert "sqlite3" in names  # the control: importtime saw the whole run
 
 
@@ -123,6 +129,38 @@ def test_a_first_beat_into_a_fresh_state_dir_stays_light(tmp_path):
     assert done.returncode == 0, _stderr(done)
     assert (tmp_path / "fresh" / "heartbeats" / "newcomer.json").is_file()
     assert not names & (HEAVY | WEIGHTY), sorted(names & (HEAVY | WEIGHTY))
+
+
+# what the collector looks like once everything else at exit has run: this handler is registered before main()
+_GC_AT_EXIT = ("import atexit, gc, sys; atexit.register(lambda: sys.stderr.write("
+               "f'GC enabled={gc.isenabled()} frozen={gc.get_freeze_count()}\\n')); "
+               "from synapolis.cli import main; main()")
+
+
+def _gc_at_exit(*args: str, stdin: str | None = None) -> tuple[str, subprocess.CompletedProcess]:
+    done = subprocess.run([sys.executable, "-S", "-c", _GC_AT_EXIT, *args], input=stdin, capture_output=True,
+                          text=True, timeout=60, env=_env())
+    lines = [line for line in done.stderr.splitlines() if line.startswith("GC ")]
+    assert lines, done.stderr[-500:]
+    return lines[-1], done
+
+
+def test_a_one_call_process_runs_without_the_cyclic_collector(pair, state_dir):
+    """A hot verb and a hook end with the process: no cyclic collection while they run and none over the
+    heap at exit (cli.one_call: gc.disable, gc.freeze in atexit), and still every atexit handler runs and
+    the answer is whole. Anything through click (servers, --watch) keeps the collector."""
+    _ws, sid = pair
+    state, done = _gc_at_exit("--state-dir", str(state_dir), "beat", "--agent-id", "alice", "--session-id", sid,
+                              "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["heartbeat"]["agent_id"] == "alice", done.stderr
+    assert state.startswith("GC enabled=False frozen=") and not state.endswith("frozen=0"), state
+    state, done = _gc_at_exit("--state-dir", str(state_dir), "hook", "claude-code", stdin=_hook_event("Stop"))
+    assert done.returncode == 0 and json.loads(done.stdout) == {}, done.stderr
+    assert state.startswith("GC enabled=False frozen=") and not state.endswith("frozen=0"), state
+
+    state, done = _gc_at_exit("--state-dir", str(state_dir), "list-agents", "--session-id", sid, "--json")
+    assert done.returncode == 0 and {"alice", "bob"} <= {a["id"] for a in json.loads(done.stdout)["agents"]}
+    assert state == "GC enabled=True frozen=0", state
 
 
 # -- claims -----------------------------------------------------------------------------------------
