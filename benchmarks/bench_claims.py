@@ -5,7 +5,8 @@ Each process walks every item in its own random order, `--passes` times: claim i
 live other holds it), and release what it won. Baselines, same processes, same walk:
 `bare` writes the claim file with `atomic_write_json` and appends the event with `append_jsonl`
 for every attempt, with no lock and no decision (what a tracker that lets two agents win does);
-`filelock` only takes and drops the per-item FileLock and reads the file. Modes interleave over
+`filelock` only takes and drops the per-item lock (`claims._item_lock`: atomic.locked's try, a FileLock
+wait when another holds it) and reads the file. Modes interleave over
 `--repeats` so machine noise hits each alike; the median run of each is reported. Writes its
 section of benchmarks/RESULTS.md.
 
@@ -31,7 +32,7 @@ WHAT = {
     "race": "`claims.claim`; the pass ends before winners release (timed apart): one winner per item",
     "cycle": "`claims.claim` and, when won, `claims.release` at once (two locked writes)",
     "bare": "unlocked `atomic_write_json` + `append_jsonl`: every attempt \"wins\"",
-    "filelock": "per-item `FileLock` acquire, read the claim file, release",
+    "filelock": "the per-item lock alone (`claims._item_lock`; FileLock waits when busy), read the claim file, release",
 }
 
 

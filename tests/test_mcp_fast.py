@@ -240,6 +240,38 @@ def test_a_kept_store_follows_its_database(ws, agent, live, start_agent):
     assert live_call(live, actions.read_signals, ws, agent, env={}, now=at(10.3))["signals"] == []
 
 
+def test_a_verb_that_must_not_wait_is_refused_at_once_by_a_locked_store_and_changes_nothing(ws, agent, live,
+                                                                                          start_agent, db_rows):
+    """NoWait (how the server runs a verb on its event loop): with the session's store locked by another
+    process, the verb is refused at once (BusyError, the attempt marked blocked) and has stored nothing; the
+    same verb run again once the lock is gone (as the server does, on a thread) stores it once. A lock that
+    waited its time inside a transaction (a file lock) is not the store's refusal: not marked."""
+    from conftest import Holder
+
+    from synapolis.errors import BusyError
+    from synapolis.mcp.live import NoWait, not_waiting
+
+    start_agent("carol", session_id=agent.session_id, now=NOW)
+    live_call(live, actions.read_signals, ws, agent, env={}, now=at(1))  # a normal store in the pool too
+    with Holder.store(ws.paths.session_db(agent.session_id)):
+        attempt = NoWait()
+        began = time.monotonic()
+        with not_waiting(attempt), pytest.raises(BusyError):
+            live_call(live, actions.signal, ws, agent, "carol", "once", env={}, now=at(2))
+        assert time.monotonic() - began < 1.0  # busy_timeout_ms is 5000: it did not wait for it
+        assert attempt.blocked
+    assert db_rows(agent.session_id, "SELECT content FROM signals") == []
+    sent = live_call(live, actions.signal, ws, agent, "carol", "once", env={}, now=at(3))
+    assert sent["signal"]["content"] == "once"
+    assert [r["content"] for r in db_rows(agent.session_id, "SELECT content FROM signals")] == ["once"]
+
+    attempt = NoWait()
+    with not_waiting(attempt), pytest.raises(BusyError):
+        with live.store(ws, agent.session_id) as store, store.read():
+            raise BusyError("a file lock stayed locked")
+    assert not attempt.blocked
+
+
 # -- the server ------------------------------------------------------------------------------------------
 
 def _server_calls(state_dir, fast: bool, calls: int) -> tuple[int, float]:

@@ -385,3 +385,82 @@ def test_serve_runs_on_httptools_and_uvloop_where_installed_and_on_h11_and_async
     fast = not plain and find_spec("httptools") is not None
     assert ("; httptools" in listening) == fast and ("; h11" in listening) == (not fast)
     assert ("uvloop" in listening) == (not plain and find_spec("uvloop") is not None)
+
+
+def test_a_call_waiting_on_a_locked_store_holds_up_no_other_client_push_or_page(served, cli):
+    """A verb runs on the server's event loop only while it cannot wait: one whose session store another
+    process holds locked waits on a worker thread instead. Meanwhile another client's calls (in another
+    session), its push and the page's change event all go through; the lock is let go only after they did,
+    so a stalled loop fails this test rather than slowing it. Then the waiting call succeeds, once."""
+    from conftest import Holder, configure
+
+    from synapolis.workspace import Workspace
+
+    configure(Workspace.open(served.state_dir), busy_timeout_ms=60_000)  # the waiting call outlasts the test's steps
+    alice_token = served.token("alice", "--agent", "alice")
+    bob_token = served.token("bob", "--agent", "bob")
+
+    async def main():
+        seen = Inbox()
+        changes = []
+        async with mcp_http_client(served.url, alice_token) as alice, \
+                mcp_http_client(served.url, bob_token, message_handler=seen) as bob, \
+                httpx2.AsyncClient(base_url=served.url, timeout=60) as page, anyio.create_task_group() as tg:
+            locked_session = (await ok(alice, "start_session", new_session=True))["session_id"]
+            free_session = (await ok(bob, "start_session", new_session=True))["session_id"]
+            assert locked_session != free_session
+            for agent, session in (("dave", locked_session), ("carol", free_session)):
+                done = await anyio.to_thread.run_sync(
+                    lambda: cli("start", "--agent-id", agent, "--session-id", session))
+                assert done.returncode == 0, done.stderr
+            mine = inbox_uri(free_session, "bob")
+            await bob.session.subscribe_resource(mine)
+            listening = anyio.Event()
+
+            async def watch_page():
+                async with page.stream("GET", "/events", headers={"authorization": f"Bearer {bob_token}"}) as events:
+                    async for line in events.aiter_lines():
+                        if line == "event: hello":
+                            listening.set()
+                        elif line == "event: change":
+                            changes.append(time.monotonic())
+
+            tg.start_soon(watch_page)
+            with anyio.fail_after(DEADLINE_S):
+                await listening.wait()
+            db = served.state_dir / "sessions" / locked_session / "session.db"
+            waited = {}
+            with Holder.store(db):
+                async def signal_dave():
+                    began = time.monotonic()
+                    waited["result"] = await ok(alice, "signal", to="dave", content="once")
+                    waited["s"] = time.monotonic() - began
+
+                tg.start_soon(signal_dave)
+                await anyio.sleep(0.5)  # alice's call is in the server by now, waiting for the lock
+                with anyio.fail_after(DEADLINE_S):  # all of it while alice's call still waits
+                    await bob.send_ping()
+                    entry = await ok(bob, "write_whiteboard", key="k", value="v")
+                    assert entry["entry"]["value"] == "v"
+                    assert (await ok(bob, "read_whiteboard", key="k"))["entry"]["value"] == "v"
+                    await ok(bob, "read_signals")
+                    before_push = time.monotonic()
+                    done = await anyio.to_thread.run_sync(
+                        lambda: cli("signal", "bob", "pushed", "--agent-id", "carol"))
+                    assert done.returncode == 0, done.stderr
+                    await seen.wait_for(mine, DEADLINE_S)
+                    while not [t for t in changes if t > before_push]:
+                        await anyio.sleep(0.02)
+                assert "result" not in waited, "alice's call did not wait for the locked store"
+            # the lock is gone (its holder was killed): the waiting call goes through, and stores its signal once
+            with anyio.fail_after(DEADLINE_S):
+                while "result" not in waited:
+                    await anyio.sleep(0.02)
+            assert waited["result"]["signal"]["content"] == "once"
+            read = await anyio.to_thread.run_sync(
+                lambda: cli("read-signals", "--agent-id", "dave", "--session-id", locked_session, "--json"))
+            assert read.returncode == 0, read.stderr
+            assert [s["content"] for s in json.loads(read.stdout)["signals"]] == ["once"]
+            tg.cancel_scope.cancel()
+
+    run(main)

@@ -4,17 +4,78 @@ resolved callers, and its own recent heartbeat refreshes, so a pure refresh with
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 from datetime import datetime
 
 from .. import agent_call, identity
 from ..atomic import file_signature
-from ..errors import SynapolisError
+from ..config import Config
+from ..errors import BusyError, SynapolisError
 from ..identity import Who
 from ..sessions import registry_status, ts
 from ..store import store_for
+from ..workspace import Workspace
 
 COALESCE_S = 1.0  # a pure refresh within this long of this process's last write of it is skipped
+
+
+class NoWait:
+    """One attempt at a verb that must not wait (the MCP server runs a verb on its event loop this way):
+    the session stores it gets from LongLived wait for no lock, and `blocked` says one was locked. A store
+    refuses a locked transaction as it begins (or commits, rolled back) with BusyError, so a verb whose store
+    work is one transaction at its end has then changed nothing in the store and may run again elsewhere."""
+
+    __slots__ = ("blocked",)
+
+    def __init__(self):
+        self.blocked = False
+
+
+_NO_WAIT: contextvars.ContextVar = contextvars.ContextVar("synapolis_no_wait", default=None)
+
+
+@contextlib.contextmanager
+def not_waiting(attempt: NoWait):
+    """Run the verbs called inside as `attempt`: their LongLived session stores never wait for a lock."""
+    token = _NO_WAIT.set(attempt)
+    try:
+        yield attempt
+    finally:
+        _NO_WAIT.reset(token)
+
+
+class _NotWaitingStore:
+    """A session store (one that waits for no lock) lent to a NoWait attempt: a BusyError as one of its
+    transactions begins or commits is the store's refusal to wait, noted on the attempt. One raised inside a
+    transaction's body is something else (a file lock that waited its time) and is left alone."""
+
+    __slots__ = ("_store", "_attempt")
+
+    def __init__(self, store, attempt: NoWait):
+        self._store, self._attempt = store, attempt
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+    def read(self):
+        return self._noted(self._store.read())
+
+    def write(self):
+        return self._noted(self._store.write())
+
+    @contextlib.contextmanager
+    def _noted(self, transaction):
+        inside = False
+        try:
+            with transaction as tx:
+                inside = True
+                yield tx
+                inside = False
+        except BusyError:
+            if not inside:
+                self._attempt.blocked = True
+            raise
 
 
 def refresh_is_redundant(last: dict | None, fields: dict, row, signature, now: datetime, window_s: float) -> bool:
@@ -67,6 +128,7 @@ class LongLived:
         self._callers: dict = {}  # everything a resolution read -> Caller
         self._refreshes: dict = {}  # (root, agent_id, session_id) -> what this process last wrote
         self._ensured: dict = {}  # root -> when ws.ensure() last ran
+        self._not_waiting: tuple | None = None  # (a workspace, its copy whose stores wait for no lock)
 
     # -- identity ---------------------------------------------------------------------------------
     def resolve(self, ws, who: Who | None, *, env=None, required: bool = True, need_session: bool = True, now=None):
@@ -91,27 +153,44 @@ class LongLived:
         return caller
 
     # -- stores -----------------------------------------------------------------------------------
+    def _without_waiting(self, ws):
+        """`ws` with a busy timeout of 0: the stores opened through it refuse a lock at once (BusyError)."""
+        kept = self._not_waiting
+        if kept is not None and kept[0] is ws:
+            return kept[1]
+        copy = Workspace(ws.paths, Config({**ws.config.values, "busy_timeout_ms": 0}))
+        self._not_waiting = (ws, copy)
+        return copy
+
     @contextlib.contextmanager
     def store(self, ws, session_id: str):
         """A store for one verb: an idle one from the pool when its database is still the same file, else
-        a new one (NotFoundError for a missing session, as open_session). Back to the pool after."""
+        a new one (NotFoundError for a missing session, as open_session). Back to the pool after. Inside
+        `not_waiting`, one that waits for no lock (the pool keeps both kinds)."""
+        attempt = _NO_WAIT.get()
+        if attempt is not None:
+            ws = self._without_waiting(ws)
         key = (os.fspath(ws.paths.root), session_id)
         backend = store_for(ws)
         now_sig = backend.session_signature(session_id)
+        wait_ms = int(ws.config.busy_timeout_ms)
         store = None
+        stale = []
         with self._lock:
             idle = self._pools.get(key) or []
-            while idle and store is None:
-                candidate, sig_ = idle.pop()
-                if sig_ == now_sig and candidate.busy_timeout_ms == int(ws.config.busy_timeout_ms):
-                    store = candidate
-                else:
-                    candidate.close()
+            for index in range(len(idle) - 1, -1, -1):
+                candidate, sig_ = idle[index]
+                if sig_ != now_sig:
+                    stale.append(idle.pop(index)[0])
+                elif store is None and candidate.busy_timeout_ms == wait_ms:
+                    store = idle.pop(index)[0]
+        for candidate in stale:
+            candidate.close()
         if store is None:
             store = backend.open_session(session_id)
             now_sig = backend.session_signature(session_id) or (None, None)
         try:
-            yield store
+            yield store if attempt is None else _NotWaitingStore(store, attempt)
         except SynapolisError:
             # a verb's refusal: store.read()/write() ended their transactions, the connection is sound
             self._give_back(key, store, now_sig)

@@ -96,8 +96,10 @@ class ServerState:
         self.fast = fast
         self.watcher: watch.SessionWatcher | None = None
         self.change_feed = False  # the team server: the watcher also reports any change (the dashboard)
-        self.changes = 0
+        self.changes = 0  # counted by the watcher's thread; read on the loop
         self._change_event = None
+        self._listeners = 0  # next_change calls waiting on the loop: only they need it woken
+        self._loop = None  # the event loop (asyncio's: uvicorn's), for the watcher's thread to wake
         # stores held open, callers resolved, refreshes coalesced between calls (live.LongLived)
         self.live = LongLived(max_sessions=MAX_KEPT)
         self._ws: tuple | None = None  # (config file signature, Workspace)
@@ -210,17 +212,28 @@ class ServerState:
                         self.connections.pop(holder, None)
 
     # -- the change feed (the dashboard's live updates) -------------------------------------------------
-    def _changed(self) -> None:
-        """On the event loop: something in the state directory changed; wake every waiting listener."""
-        self.changes += 1
+    def _counted(self) -> None:
+        """On the watcher's thread: something in the state directory changed. The count goes up at once; the
+        loop is woken only when a listener waits (a page's /events): with no page open, a write costs the
+        loop nothing (a blocking call into it per write was two thread wake-ups, ~0.1-0.3 ms of CPU)."""
+        self.changes += 1  # only this thread writes it
+        if self._listeners:  # read after the count: a listener that missed the count is counted here
+            self._loop.call_soon_threadsafe(self._wake_listeners)
+
+    def _wake_listeners(self) -> None:
+        """On the event loop: wake every waiting listener."""
         event, self._change_event = self._change_event, anyio.Event()
         event.set()
 
     async def next_change(self, seen: int, timeout_s: float) -> int:
         """The change count once it passes `seen`, or after `timeout_s` (then unchanged)."""
-        if self.changes == seen:
-            with anyio.move_on_after(timeout_s):
-                await self._change_event.wait()
+        self._listeners += 1  # before looking at the count (see _counted)
+        try:
+            if self.changes == seen:
+                with anyio.move_on_after(timeout_s):
+                    await self._change_event.wait()
+        finally:
+            self._listeners -= 1
         return self.changes
 
     async def subscribe(self, uri: str, holder) -> None:
@@ -257,16 +270,16 @@ class ServerState:
             def notify(uris):
                 anyio.from_thread.run(self.deliver, uris, token=token)
 
-            def changed():
-                anyio.from_thread.run_sync(self._changed, token=token)
-
             self.watcher = watch.SessionWatcher(ws, self.subscriptions, notify, force_polling=self.force_polling,
-                                                on_change=changed if self.change_feed else None).start()
+                                                on_change=self._counted if self.change_feed else None).start()
 
     async def start_change_feed(self) -> None:
         """The team server: watch the whole state directory from the start, for the dashboard (and push)."""
+        import asyncio
+
         self.change_feed = True
         self._change_event = anyio.Event()
+        self._loop = asyncio.get_running_loop()  # uvicorn runs asyncio (or uvloop, an asyncio loop)
         await anyio.to_thread.run_sync(self._start_watcher)
 
     def stop_watching(self) -> None:

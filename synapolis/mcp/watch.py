@@ -191,6 +191,7 @@ class SessionWatcher:
         self._cond = threading.Condition()
         self._dirty: set[str] = set()
         self._last_event = 0.0
+        self._idle = True  # the checker waits for a first event (not out a quiet spell): events wake it
         self._stopping = False
         self._observer = None
         self._thread = None
@@ -203,7 +204,15 @@ class SessionWatcher:
     def mark_dirty(self, session_id: str) -> None:
         with self._cond:
             self._dirty.add(session_id)
-            self._last_event = time.monotonic()
+            self._touched()
+
+    def _touched(self) -> None:
+        """(Under the condition.) An event arrived: it extends the quiet spell. Only an idle checker is woken:
+        one already waiting out a spell finds the new `_last_event` when its wait ends and waits on, so a burst
+        of events (one SQLite commit is several writes) wakes it once, not once per event."""
+        self._last_event = time.monotonic()
+        if self._idle:
+            self._idle = False
             self._cond.notify()
 
     def _on_path(self, path: str) -> None:
@@ -225,8 +234,7 @@ class SessionWatcher:
     def _mark_changed(self) -> None:
         with self._cond:
             self._changed = True
-            self._last_event = time.monotonic()
-            self._cond.notify()
+            self._touched()
 
     def _on_event(self, event) -> None:
         if event.is_directory or event.event_type in ("opened", "closed_no_write"):
@@ -280,7 +288,9 @@ class SessionWatcher:
         """(dirty sessions, whether anything changed) once a burst of events is over; None: stopping."""
         with self._cond:
             while not self._dirty and not self._changed and not self._stopping:
+                self._idle = True
                 self._cond.wait()
+            self._idle = False
             if self._stopping:
                 return None
             first = time.monotonic()

@@ -175,9 +175,9 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
             await state.start_change_feed()
             yield
 
+    mcp = BearerGate(StreamableHTTPASGIApp(manager), book, on_end=state.forget)
     routes = [
-        # first: the router tries each path in turn, and MCP calls are most of the traffic
-        Route("/mcp", BearerGate(StreamableHTTPASGIApp(manager), book, on_end=state.forget)),
+        Route("/mcp", mcp),  # through the router only when TeamApp leaves a request to starlette (a root_path)
         Route("/healthz", healthz),
         Route("/api/status", api_status),
         Route("/api/dashboard", api_dashboard),
@@ -189,7 +189,24 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
     ]
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.synapolis = state
-    return app
+    return TeamApp(app, mcp)
+
+
+class TeamApp:
+    """ASGI: an HTTP request for `/mcp` straight to the MCP endpoint, everything else (the page, the API, the
+    lifespan) to the starlette app. MCP calls are most of the traffic, and starlette's own layers (its error
+    and exception middlewares, the router's matching) did nothing for them but cost each one: the endpoint
+    answers every error itself, and uvicorn answers 500 to anything that escapes an app."""
+
+    def __init__(self, app: Starlette, mcp):
+        self.app = app
+        self.mcp = mcp
+        self.state = app.state  # what create_app's callers read (`app.state.synapolis`)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"] == "/mcp" and not scope.get("root_path"):
+            return await self.mcp(scope, receive, send)
+        return await self.app(scope, receive, send)
 
 
 # nothing on the page comes from elsewhere, and nothing else may frame it
