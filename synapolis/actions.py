@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from datetime import datetime
 
-from . import board, identity
+from . import identity
 from .agent_call import as_agent, in_session, registrations
 from .atomic import locked
 from . import signals as sig
@@ -413,6 +413,8 @@ def list_agents(ws, who: Who | None = None, *, session_id: str | None = None, en
 
 def note(ws, who: Who | None, text: str, *, env=None, piggyback: bool = True, now: datetime | None = None) -> dict:
     """Append to the session's notes bus."""
+    from . import board  # here and in the whiteboard's verbs: no other hot verb loads the board
+
     board.check_note(text, ws.config)
     with as_agent(ws, who, env=env, piggyback=piggyback, now=now) as call:
         call.beat_now()  # outside the locks: the file write need not serialize writers
@@ -472,6 +474,8 @@ def _fit_newest(notes: list[dict], budget_chars: int) -> int:
 def whiteboard_write(ws, who: Who | None, key: str, value: str, *, env=None, piggyback: bool = True,
                      now: datetime | None = None) -> dict:
     """Set a whiteboard entry (last writer wins)."""
+    from . import board
+
     with as_agent(ws, who, env=env, piggyback=piggyback, now=now) as call:
         call.beat_now()  # outside the write lock: the file write need not serialize writers
         with call.store.write() as conn:
@@ -488,6 +492,8 @@ def whiteboard_read(ws, who: Who | None = None, key: str | None = None, *, sessi
                     now: datetime | None = None) -> dict:
     """One whiteboard entry (`entry`; NotFoundError when missing), or a page of them by key (`entries`, the
     keys after `after`: at most `limit` (100) and 48 KB, with `remaining` and `next_after`)."""
+    from . import board
+
     if key is not None:
         board.check_key(key)
     if after is not None:

@@ -3,7 +3,6 @@ store, and on leaving refresh its heartbeat and attach its undelivered signals (
 
 from __future__ import annotations
 
-import contextlib
 from datetime import datetime
 
 from . import identity
@@ -192,71 +191,102 @@ def enable_long_lived() -> None:
         _LIVE = contextvars.ContextVar("synapolis_long_lived", default=None)
 
 
-@contextlib.contextmanager
-def long_lived(live):
-    """Run the verbs called inside with `live` (the MCP server wraps each tool call in this)."""
-    if _LIVE is None:  # no LongLived was ever made: there is nothing to set, and None is what verbs see
-        yield live
-        return
-    token = _LIVE.set(live)
-    try:
-        yield live
-    finally:
-        _LIVE.reset(token)
+class long_lived:
+    """`with long_lived(live):` run the verbs called inside with `live` (the MCP server wraps each tool call in
+    this). A class, as as_agent below."""
+
+    def __init__(self, live):
+        self.live = live
+        self.token = None
+
+    def __enter__(self):
+        if _LIVE is not None:  # else no LongLived was ever made: there is nothing to set, and None is what verbs see
+            self.token = _LIVE.set(self.live)
+        return self.live
+
+    def __exit__(self, *exc) -> None:
+        if self.token is not None:
+            _LIVE.reset(self.token)
 
 
-@contextlib.contextmanager
-def as_agent(ws, who: Who | None = None, *, env=None, piggyback: bool = True, method: str = "piggyback",
-             mutation: bool = True, required: bool = True, need_session: bool = True,
-             need_registration: bool = True, now: datetime | None = None, live=None):
-    """Resolve the caller (§3), prove it (`proven`: the one identity check), yield an AgentCall; on
-    leaving, refresh it.
+class as_agent:
+    """`with as_agent(ws, who, ...) as call:` resolve the caller (§3), prove it (`proven`: the one identity
+    check), give an AgentCall; on leaving without an error, refresh it (`call.finish`, unless the verb did).
 
-    `required=False` (read-only verbs) yields None when no identity resolves, it is ambiguous, the
+    `required=False` (read-only verbs) gives None when no identity resolves, it is ambiguous, the
     agent is not registered in the session, or (require_run_token) it presented no token; a wrong run
     token is refused even then. `mutation` says the verb writes (the state directory is created for
     it); every verb that acts as an agent is checked alike, since each refreshes the caller's
     heartbeat and hands out its signals. `live` (a synapolis.mcp.live.LongLived; default: the one
     `long_lived` set, normally none) reuses what a long-lived process keeps and may coalesce a pure
-    refresh; without it every call resolves, opens and writes afresh.
+    refresh; without it every call resolves, opens and writes afresh. The session's store stays open for
+    the body and is left with its outcome. (A class, as atomic.locked: contextlib, which would make this
+    a generator, stays off the hot verbs' imports.)
     """
-    live = live if live is not None or _LIVE is None else _LIVE.get()
-    now = clock(ws, now)
-    if live is not None:
-        caller = live.resolve(ws, who, env=env, required=required, need_session=need_session, now=now)
-    else:
-        caller = identity.resolve(ws, who, env=env, required=required, need_session=need_session, now=now)
-    if caller is None:
-        yield None
-        return
-    with contextlib.ExitStack() as stack:
+
+    def __init__(self, ws, who: Who | None = None, *, env=None, piggyback: bool = True, method: str = "piggyback",
+                 mutation: bool = True, required: bool = True, need_session: bool = True,
+                 need_registration: bool = True, now: datetime | None = None, live=None):
+        self.ws, self.who, self.env, self.now, self.live = ws, who, env, now, live
+        self.piggyback, self.method, self.mutation = piggyback, method, mutation
+        self.required, self.need_session, self.need_registration = required, need_session, need_registration
+        self.opened = None  # the session store's context (open_session's store, or the LongLived's pool)
+        self.call: AgentCall | None = None
+
+    def __enter__(self) -> AgentCall | None:
+        ws, required = self.ws, self.required
+        live = self.live if self.live is not None or _LIVE is None else _LIVE.get()
+        now = clock(ws, self.now)
+        caller = (live if live is not None else identity).resolve(
+            ws, self.who, env=self.env, required=required, need_session=self.need_session, now=now)
+        if caller is None:
+            return None
         store = row = None
         if caller.session_id is not None:
             try:
-                store = stack.enter_context(live.store(ws, caller.session_id) if live is not None
-                                            else open_session(ws, caller.session_id))
+                opened = live.store(ws, caller.session_id) if live is not None else open_session(ws, caller.session_id)
+                store = opened.__enter__()
             except NotFoundError:
                 if required:  # a session that was named (or remembered) but does not exist
                     raise
+            else:
+                self.opened = opened
+        try:
             if store is not None:
                 with store.read() as conn:
                     row = agent_row(conn, caller.agent_id)
-        if row is None and need_registration and required:
-            raise NoIdentityError(f"agent {caller.agent_id} is not registered in session {caller.session_id}: "
-                                  f"run `synapolis start --agent-id {caller.agent_id} --session-id {caller.session_id}`")
-        # a reader that finds its caller unregistered reads as nobody, but a wrong token is refused first
-        if not proven(ws, caller, row, required) or (row is None and need_registration):
-            yield None
-            return
-        if mutation or row is not None:
-            if live is not None:
-                live.ensure(ws, now)
-            else:
-                ws.ensure()
-        call = AgentCall(ws, caller, store, row, now, piggyback, method, live)
-        yield call
-        if not call.finished:
-            call.finish()
+            if row is None and self.need_registration and required:
+                raise NoIdentityError(f"agent {caller.agent_id} is not registered in session {caller.session_id}: "
+                                      f"run `synapolis start --agent-id {caller.agent_id} --session-id "
+                                      f"{caller.session_id}`")
+            # a reader that finds its caller unregistered reads as nobody, but a wrong token is refused first
+            if not proven(ws, caller, row, required) or (row is None and self.need_registration):
+                return None
+            if self.mutation or row is not None:
+                if live is not None:
+                    live.ensure(ws, now)
+                else:
+                    ws.ensure()
+        except BaseException as exc:
+            self._leave(type(exc), exc, exc.__traceback__)
+            raise
+        self.call = AgentCall(ws, caller, store, row, now, self.piggyback, self.method, live)
+        return self.call
+
+    def __exit__(self, kind, value, traceback) -> None:
+        if kind is None and self.call is not None and not self.call.finished:
+            try:
+                self.call.finish()
+            except BaseException as exc:
+                self._leave(type(exc), exc, exc.__traceback__)
+                raise
+        self._leave(kind, value, traceback)
+
+    def _leave(self, kind, value, traceback) -> None:
+        """Leave the session's store, telling it how the call ended (a pool keeps a store after a refusal)."""
+        opened, self.opened = self.opened, None
+        if opened is not None:
+            opened.__exit__(kind, value, traceback)
 
 
 def in_session(who: Who | None, session_id: str | None = None) -> Who:

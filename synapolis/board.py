@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from datetime import datetime
 
 from .atomic import JsonlLog, iter_jsonl_backwards, locked
@@ -66,38 +65,55 @@ def check_note(text, config) -> str:
     return check_content(text, "note", config)
 
 
-@contextlib.contextmanager
-def note_appender(ws, session_id: str):
-    """`with note_appender(ws, sid) as add:` — `add(agent_id, text, now)` appends one note and returns it.
+class note_appender:
+    """`with note_appender(ws, sid) as add:` — `add(tx, agent_id, text, now)` appends one note and returns it
+    (the store's note_appender: `tx` is the verb's write transaction, which the file does not need).
 
     The session's notes lock is held for the whole body, so `seq` is unique and increasing; when the body
     raises after the append (the same verb's store transaction failed), the note is taken back, so a
-    verb that fails has appended nothing and a retry never duplicates it.
+    verb that fails has appended nothing and a retry never duplicates it. (A class, as atomic.locked:
+    contextlib stays off the hot verbs' imports.)
     """
-    path = ws.files.session_notes(session_id)  # a str: a `note` never loads pathlib
-    with locked(ws.files.lock(f"notes.{session_id}")), JsonlLog(path) as log:
-        appended = []
 
-        def add(agent_id: str, text: str, now: datetime) -> dict:
-            check_note(text, ws.config)
-            record = {"seq": _last_seq(path) + 1, "at": format_ts(now, micro=True), "agent_id": agent_id,
-                      "text": text}
-            appended.append(log.append(record))
-            return record
+    def __init__(self, ws, session_id: str):
+        self.ws = ws
+        self.path = ws.files.session_notes(session_id)  # a str: a `note` never loads pathlib
+        self.lock = locked(ws.files.lock(f"notes.{session_id}"))
+        self.log = JsonlLog(self.path)
+        self.appended: list[int] = []  # where each append began
 
+    def __enter__(self):
+        self.lock.__enter__()
         try:
-            yield add
+            self.log.__enter__()
         except BaseException:
-            if appended:
-                log.undo(appended[0])
+            self.lock.__exit__(None, None, None)
             raise
+        return self.add
+
+    def add(self, tx, agent_id: str, text: str, now: datetime) -> dict:
+        check_note(text, self.ws.config)
+        record = {"seq": _last_seq(self.path) + 1, "at": format_ts(now, micro=True), "agent_id": agent_id,
+                  "text": text}
+        self.appended.append(self.log.append(record))
+        return record
+
+    def __exit__(self, kind, value, traceback) -> None:
+        try:
+            if kind is not None and self.appended:
+                self.log.undo(self.appended[0])
+        finally:
+            try:
+                self.log.__exit__(kind, value, traceback)
+            finally:
+                self.lock.__exit__(kind, value, traceback)
 
 
 def append_note(ws, session_id: str, agent_id: str, text: str, now: datetime) -> dict:
     """Append one note; `seq` is assigned under a per-session lock, so it is unique and increasing."""
     check_note(text, ws.config)
     with note_appender(ws, session_id) as add:
-        return add(agent_id, text, now)
+        return add(None, agent_id, text, now)
 
 
 def read_notes(ws, session_id: str, limit: int = 50) -> list[dict]:

@@ -6,7 +6,6 @@ from datetime import datetime
 
 from .errors import NotFoundError, SynapolisError
 from .names import generate_session_id, validate_session_id
-from .status import registry_live, registry_window
 from .store import clock, open_session, store_for
 from .timeutil import format_ts
 
@@ -26,6 +25,8 @@ def ts(moment: datetime) -> str:
 
 def is_live(row, now: datetime, config) -> bool:
     """A registry row that counts as live: active or idle with a fresh last_heartbeat (status.registry_live)."""
+    from .status import registry_live  # here and below: the hot verbs that import sessions never judge liveness
+
     return registry_live(row, now, config)
 
 
@@ -112,6 +113,8 @@ def sessions_of_agent(ws, agent_id: str, active_only: bool = True) -> list[str]:
 
 def count_live_agents(tx, now: datetime, config, exclude: str | None = None) -> int:
     """Agents whose registry status is `active` with a fresh last_heartbeat (EP-0118 §4's count)."""
+    from .status import registry_window
+
     cutoff, ceiling = registry_window(now, config)
     return tx.count_live(cutoff, exclude, ceiling=ceiling)
 
@@ -119,6 +122,8 @@ def count_live_agents(tx, now: datetime, config, exclude: str | None = None) -> 
 def flag_stale_in(tx, now: datetime, config) -> list[dict]:
     """Inside a write transaction: registry rows `active`/`idle` that are not fresh (status.registry_window:
     not heard from in stale_after_s, or stamped beyond the clock skew) -> `stale`."""
+    from .status import registry_window
+
     cutoff, ceiling = registry_window(now, config)
     rows = tx.flag_stale(cutoff, ceiling=ceiling)
     return [{"agent_id": r["id"], "from": r["status"], "last_heartbeat": r["last_heartbeat"]} for r in rows]

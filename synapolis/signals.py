@@ -12,7 +12,6 @@ from datetime import datetime, timedelta
 from .errors import ForbiddenError, NotFoundError, RateLimitedError, UsageError
 from .names import check_content, is_subagent_of, sha256_hex, validate_agent_id
 from .sessions import agent_row, ts
-from .status import registry_liveness
 
 TYPES = ("inform", "query", "delegate", "ack", "warn", "sleep_event", "sleep_request")
 METHODS = ("startup_drain", "piggyback", "poll", "push", "hook")
@@ -191,6 +190,8 @@ def _unknown_caller(caller: str) -> NotFoundError:
 
 def audience(rows, now: datetime, config) -> dict:
     """Which recipients are live and which the signal waits for (stale, asleep, stopped)."""
+    from .status import registry_liveness  # a send's alone among the hot verbs: the others never load status
+
     live_now = registry_liveness(now, config)
     judged = [(r, live_now(r)) for r in rows]
     waiting = [r for r, live in judged if not live]

@@ -103,6 +103,12 @@ def test_agent_verbs_load_nothing_heavy(pair, state_dir, verb):
     assert ("hashlib" in names) == (verb[0] == "signal")
     assert "threading" not in names  # the store's lock is a _thread.RLock (threading is ~1 ms)
     assert "click" not in names  # the plain form of a hot verb never needs it (synapolis.cli.fast)
+    # the store's transactions, as_agent and the notes appender are classes (contextlib is ~3 M instructions)
+    assert "contextlib" not in names
+    # what only one verb runs is imported where it runs: liveness for a send's audience, the board for a note
+    modules = _modules(done)
+    assert ("synapolis.status" in modules) == (verb[0] == "signal")
+    assert ("synapolis.board" in modules) == (verb[0] == "note")
     assert "sqlite3" in names  # the control: importtime saw the whole run
 
 
@@ -125,6 +131,38 @@ def test_a_first_beat_into_a_fresh_state_dir_stays_light(tmp_path):
     assert not names & (HEAVY | WEIGHTY), sorted(names & (HEAVY | WEIGHTY))
 
 
+# what the collector looks like once everything else at exit has run: this handler is registered before main()
+_GC_AT_EXIT = ("import atexit, gc, sys; atexit.register(lambda: sys.stderr.write("
+               "f'GC enabled={gc.isenabled()} frozen={gc.get_freeze_count()}\\n')); "
+               "from synapolis.cli import main; main()")
+
+
+def _gc_at_exit(*args: str, stdin: str | None = None) -> tuple[str, subprocess.CompletedProcess]:
+    done = subprocess.run([sys.executable, "-S", "-c", _GC_AT_EXIT, *args], input=stdin, capture_output=True,
+                          text=True, timeout=60, env=_env())
+    lines = [line for line in done.stderr.splitlines() if line.startswith("GC ")]
+    assert lines, done.stderr[-500:]
+    return lines[-1], done
+
+
+def test_a_one_call_process_runs_without_the_cyclic_collector(pair, state_dir):
+    """A hot verb and a hook end with the process: no cyclic collection while they run and none over the
+    heap at exit (cli.one_call: gc.disable, gc.freeze in atexit), and still every atexit handler runs and
+    the answer is whole. Anything through click (servers, --watch) keeps the collector."""
+    _ws, sid = pair
+    state, done = _gc_at_exit("--state-dir", str(state_dir), "beat", "--agent-id", "alice", "--session-id", sid,
+                              "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["heartbeat"]["agent_id"] == "alice", done.stderr
+    assert state.startswith("GC enabled=False frozen=") and not state.endswith("frozen=0"), state
+    state, done = _gc_at_exit("--state-dir", str(state_dir), "hook", "claude-code", stdin=_hook_event("Stop"))
+    assert done.returncode == 0 and json.loads(done.stdout) == {}, done.stderr
+    assert state.startswith("GC enabled=False frozen=") and not state.endswith("frozen=0"), state
+
+    state, done = _gc_at_exit("--state-dir", str(state_dir), "list-agents", "--session-id", sid, "--json")
+    assert done.returncode == 0 and {"alice", "bob"} <= {a["id"] for a in json.loads(done.stdout)["agents"]}
+    assert state == "GC enabled=True frozen=0", state
+
+
 # -- claims -----------------------------------------------------------------------------------------
 
 def test_claim_verbs_load_nothing_heavy(pair, state_dir):
@@ -133,6 +171,9 @@ def test_claim_verbs_load_nothing_heavy(pair, state_dir):
     for a file name is hashed); no threading (the renewal thread is the context manager's, not the CLI's)."""
     ws, sid = pair
     me = ("--agent-id", "alice", "--session-id", sid)
+    _names, done = loaded("--state-dir", str(state_dir), "beat", *me)
+    assert done.returncode == 0, _stderr(done)
+    beat_modules = _modules(done)
     for verb, expect in ((["claim", "src/api.py", *me], "claimed"), (["claim", "src/api.py", *me], "renewed"),
                          (["claim-check", "src/api.py", "--token", "1"], None),
                          (["release", "src/api.py", *me], "released")):
@@ -141,6 +182,9 @@ def test_claim_verbs_load_nothing_heavy(pair, state_dir):
         answer = json.loads(done.stdout)  # a real answer, not an error that stopped early
         assert answer["claim"]["token"] == 1 and answer.get("event") == expect, answer
         assert not names & (HEAVY | WEIGHTY | {"click", "threading"}), sorted(names & (HEAVY | WEIGHTY))
+        # a claim loads what a beat loads and its own module: no contextlib (the lock and the slot are
+        # classes), no status (asked only when a claim meets another's lease), no random (--wait's jitter)
+        assert _modules(done) - beat_modules == {"synapolis.claims"}, sorted(_modules(done) - beat_modules)
     assert json.loads((ws.paths.claims / "src%2Fapi.py.json").read_text())["released_by"] == "alice"
 
     # the controls: a name past 180 characters is hashed (hashlib loads), and a held lock is waited for
@@ -153,6 +197,14 @@ def test_claim_verbs_load_nothing_heavy(pair, state_dir):
         names, done = loaded("--state-dir", str(state_dir), "claim", "src/api.py", *me)
     assert done.returncode == 8 and "BusyError" in _stderr(done)
     assert "filelock" in names and "click" not in names
+
+    # and a claim that meets another's live lease asks the monitor's rules (status) about its holder
+    names, done = loaded("--state-dir", str(state_dir), "claim", "src/api.py", *me)
+    assert done.returncode == 0, _stderr(done)
+    names, done = loaded("--state-dir", str(state_dir), "claim", "src/api.py", "--agent-id", "bob",
+                         "--session-id", sid)
+    assert done.returncode == 3 and "held by alice" in _stderr(done)
+    assert "synapolis.status" in _modules(done)
 
 
 # -- hooks ------------------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ orders them in time.
 from __future__ import annotations
 
 import abc
-import contextlib
 
 
 class Transaction(abc.ABC):
@@ -224,12 +223,13 @@ class SessionStore(abc.ABC):
     busy_timeout_ms: int
 
     @abc.abstractmethod
-    def write(self) -> contextlib.AbstractContextManager:
-        """A write transaction (a `Transaction`): committed on success, rolled back on any error."""
+    def write(self):
+        """`with store.write() as tx:` a write transaction (a `Transaction`): committed on success, rolled back
+        on any error."""
 
     @abc.abstractmethod
-    def read(self) -> contextlib.AbstractContextManager:
-        """A read transaction: one consistent view for every query in the body."""
+    def read(self):
+        """`with store.read() as tx:` a read transaction: one consistent view for every query in the body."""
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -278,7 +278,7 @@ class Store(abc.ABC):
 
     # -- the notes bus ----------------------------------------------------------------------------------
     @abc.abstractmethod
-    def note_appender(self, session_id: str) -> contextlib.AbstractContextManager:
+    def note_appender(self, session_id: str):
         """`with store.note_appender(sid) as add:` then `add(tx, agent_id, text, now)` appends one note
         (seq unique and increasing) that stands or falls with the write transaction `tx`."""
 
@@ -320,7 +320,7 @@ class Store(abc.ABC):
         return None
 
     # -- claims (contract §9) ---------------------------------------------------------------------------
-    def claim_slot(self, item: str) -> contextlib.AbstractContextManager:
+    def claim_slot(self, item: str):
         """`with store.claim_slot(item) as slot:` one item's claim, exclusively: `slot.record` (None when
         missing or unreadable), `slot.existed`, `slot.high_water()` (the highest token ever handed out),
         `slot.write(record, event)` (the record and its event, both or neither). SQLite: the claim file
@@ -342,7 +342,7 @@ class Store(abc.ABC):
         return file_documents(self.ws)
 
     # -- escalation incidents (contract §6) ------------------------------------------------------------
-    def escalation_book(self) -> contextlib.AbstractContextManager:
+    def escalation_book(self):
         """`with store.escalation_book() as book:` the incidents, held exclusively (one writer at a time
         across every machine sharing the store): `book.current()` {key name: incident}, and
         `book.record(changed, records)`, the changed incidents and the event records, all or none.
@@ -369,14 +369,12 @@ class Store(abc.ABC):
 
         return utcnow()
 
-    @contextlib.contextmanager
     def exclusive_pass(self, name: str, lock_path):
-        """Yields True while this process is the only one across the store running pass `name`
-        (the watchdog), False at once when another holds it."""
+        """`with store.exclusive_pass(name, lock) as got:` True while this process is the only one across the
+        store running pass `name` (the watchdog), False at once when another holds it."""
         from ..atomic import locked
 
-        with locked(lock_path, blocking=False) as got:
-            yield got
+        return locked(lock_path, blocking=False)
 
     def listen(self, on_change, stop, retry_s: float = 1.0):
         """Push: call `on_change(session_id)` when a signal is stored in that session by any process,

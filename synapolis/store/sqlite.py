@@ -8,7 +8,6 @@ files, claims, incidents and the ledger stay the files their modules write.
 from __future__ import annotations
 
 import _thread  # documented (its own page in the library reference); threading is ~1 ms of every CLI call
-import contextlib
 import os
 import sqlite3
 
@@ -315,8 +314,10 @@ class SqliteTransaction(base.Transaction):
         except FileNotFoundError:
             return
         except OSError:
-            with contextlib.suppress(OSError):
+            try:
                 os.unlink(self.changes)
+            except OSError:
+                pass
             if read_counter(self.changes) is not None:
                 raise InternalError(f"cannot update {self.changes}, nor remove it") from None
 
@@ -532,25 +533,31 @@ class SessionStore(base.SessionStore):
 
     def _prepare(self) -> None:
         conn = self._conn
-        with self._translate():
+        try:
             conn.execute("PRAGMA foreign_keys = ON")
             # WAL commits are durable against a killed process without an fsync per commit; a power
             # cut may lose the newest transactions (documented in docs/SIGNALS.md).
             conn.execute("PRAGMA synchronous = NORMAL")
             version = conn.execute("PRAGMA user_version").fetchone()[0]
+        except sqlite3.Error as exc:
+            self._raise(exc)
         if version >= SCHEMA_VERSION:
             return
         if version >= 1:
             make_private(self.path)  # a store an older synapolis made, maybe readable by everyone
-        with self._translate():
+        try:
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        except sqlite3.Error as exc:
+            self._raise(exc)
         if str(mode).lower() != "wal":
             raise InternalError(f"session store {self.path} cannot use WAL mode (got {mode})")
         migrating = version == 1
         if migrating:
             # the clear tokens the update below replaces must not linger in freed space of the file
-            with self._translate():
+            try:
                 conn.execute("PRAGMA secure_delete = ON")
+            except sqlite3.Error as exc:
+                self._raise(exc)
         with self.write() as tx:
             conn = tx.conn
             # re-checked under the write lock: a racing creator may have done it already
@@ -565,64 +572,41 @@ class SessionStore(base.SessionStore):
         if migrating:
             # nor in the pages the WAL has not yet copied over them: copy now (best effort: a busy store
             # is checkpointed by a later writer, and the files are private by now either way)
-            with contextlib.suppress(sqlite3.Error):
+            try:
                 conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
                 conn.execute("PRAGMA secure_delete = OFF")
+            except sqlite3.Error:
+                pass
 
     # -- transactions ---------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _translate(self):
-        """sqlite3 errors become synapolis errors: locked past the timeout -> BusyError (exit 8)."""
-        try:
-            yield
-        except sqlite3.OperationalError as exc:
+    def _raise(self, exc: BaseException):
+        """Raise `exc` as a synapolis error: locked past the timeout -> BusyError (exit 8), another sqlite3
+        error InternalError; an IntegrityError, or anything that is not sqlite3's, as it is."""
+        if isinstance(exc, sqlite3.OperationalError):
             if _is_busy(exc):
                 raise BusyError(f"session store {self.path} stayed locked past busy_timeout_ms="
                                 f"{self.busy_timeout_ms}: another process holds a write transaction") from None
             raise InternalError(f"session store {self.path}: {exc}") from None
-        except sqlite3.DatabaseError as exc:
-            if isinstance(exc, sqlite3.IntegrityError):
-                raise
+        if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.IntegrityError):
             raise InternalError(f"session store {self.path} is damaged or not a database: {exc}") from None
+        raise exc
 
-    @contextlib.contextmanager
-    def write(self):
+    def write(self) -> "_InTransaction":
         """A `BEGIN IMMEDIATE` transaction: committed on success, rolled back on any error."""
-        with self._lock, self._translate():
-            conn = self._conn
-            conn.execute("BEGIN IMMEDIATE")
-            self._wrote = True
-            try:
-                yield SqliteTransaction(conn, self.session_id, changes_path(self.path))
-            except BaseException:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-                raise
-            try:
-                conn.execute("COMMIT")
-            except BaseException:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("ROLLBACK")
-                raise
+        return _InTransaction(self, writes=True)
 
-    @contextlib.contextmanager
-    def read(self):
+    def read(self) -> "_InTransaction":
         """A read transaction: one consistent snapshot for every query in the body."""
-        with self._lock, self._translate():
-            conn = self._conn
-            conn.execute("BEGIN")
-            try:
-                yield SqliteTransaction(conn, self.session_id)
-            finally:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.execute("COMMIT")
+        return _InTransaction(self, writes=False)
 
     def close(self) -> None:
-        with contextlib.suppress(sqlite3.Error):
+        try:
             if self._wrote:
                 self._trim_wal()
             self._conn.close()
+        except sqlite3.Error:
+            pass
 
     def _trim_wal(self) -> None:
         """Checkpoint and truncate the WAL once it passes WAL_TRIM_BYTES (see _skip_checkpoint_on_close).
@@ -641,6 +625,54 @@ class SessionStore(base.SessionStore):
         self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
 
 
+def _quietly(conn, statement: str) -> None:
+    """Run `statement` (a ROLLBACK, a read's COMMIT) where its failure changes nothing for the caller."""
+    try:
+        conn.execute(statement)
+    except sqlite3.Error:
+        pass
+
+
+class _InTransaction:
+    """`store.write()` / `store.read()`: the store's lock and BEGIN IMMEDIATE (a write) or BEGIN (a read); on
+    leaving, a write commits, or rolls back after an error (or when its COMMIT fails), and a read commits
+    either way. sqlite3's errors, the body's too, are raised as synapolis errors (SessionStore._raise).
+    A class, as atomic.locked: contextlib stays off the hot verbs' imports."""
+
+    __slots__ = ("store", "writes")
+
+    def __init__(self, store: SessionStore, writes: bool):
+        self.store, self.writes = store, writes
+
+    def __enter__(self) -> SqliteTransaction:
+        store = self.store
+        store._lock.acquire()
+        try:
+            store._conn.execute("BEGIN IMMEDIATE" if self.writes else "BEGIN")
+        except BaseException as exc:
+            store._lock.release()
+            store._raise(exc)
+        if not self.writes:
+            return SqliteTransaction(store._conn, store.session_id)
+        store._wrote = True
+        return SqliteTransaction(store._conn, store.session_id, changes_path(store.path))
+
+    def __exit__(self, kind, value, traceback) -> None:
+        store = self.store
+        try:
+            if kind is None and self.writes:
+                try:
+                    store._conn.execute("COMMIT")
+                except BaseException as exc:
+                    _quietly(store._conn, "ROLLBACK")
+                    store._raise(exc)
+            else:
+                _quietly(store._conn, "ROLLBACK" if self.writes else "COMMIT")
+        finally:
+            store._lock.release()
+        if kind is not None and issubclass(kind, sqlite3.Error):
+            store._raise(value)
+
 
 class SqliteStore(base.Store):
     """The embedded default: one session.db per session, session.json beside it, the rest in files."""
@@ -653,13 +685,11 @@ class SqliteStore(base.Store):
     def open_session(self, session_id: str, create: bool = False) -> SessionStore:
         return SessionStore.open(self.ws, session_id, create=create)
 
-    @contextlib.contextmanager
     def note_appender(self, session_id):
         from ..board import note_appender
 
         # notes.jsonl under its lock; a note whose transaction fails is taken back (board.note_appender)
-        with note_appender(self.ws, session_id) as add:
-            yield lambda tx, agent_id, text, now: add(agent_id, text, now)
+        return note_appender(self.ws, session_id)
 
     def read_notes(self, session_id, limit):
         from ..board import read_notes
