@@ -12,7 +12,11 @@ side by side: `serve` as installed (httptools and uvloop when present) and with 
 and asyncio); for each, the server process's CPU time per call (Linux), which other work on the machine
 moves less than wall time. Writes its section of benchmarks/RESULTS.md.
 
-    python benchmarks/bench_serve.py [--calls 200] [--signals 40] [--no-write]
+    python benchmarks/bench_serve.py [--calls 200] [--signals 40] [--no-write] [--against DIR]
+
+`--against DIR` adds a third `serve`, run from another checkout's `synapolis` package (DIR on PYTHONPATH,
+e.g. `git worktree add /tmp/before main`), to the Python client's blocks: this tree's server CPU per call
+against that one's, side by side in one run (print only).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 from synapolis.web.serve import PLAIN_ENV  # noqa: E402
 
 BLOCK = 20
+AGAINST = "HTTP, --against"  # the server run from another checkout (--against)
 VERBS = {"ping (protocol only)": None, "read_signals": {}, "list_agents": {}, "write_whiteboard": {"key": "k",
                                                                                                   "value": "v"}}
 
@@ -306,10 +311,14 @@ def run(args) -> str:
     stdio_agent = cli("start", "--agent-id", "stdio-bench", "--session-id", sender["session_id"])
     load_before = os.getloadavg()[0]
     servers = {"HTTP": Serve(cmd, state, env), "HTTP, plain stack": Serve(cmd, state, {**env, PLAIN_ENV: "1"})}
+    if args.against:
+        # `python -m synapolis`: the console script next to this interpreter may be another checkout's
+        servers[AGAINST] = Serve([sys.executable, "-m", "synapolis"], state,
+                                 {**env, "PYTHONPATH": str(Path(args.against).resolve())})
     try:
         rt = anyio.run(round_trips, cmd, state, env, servers, token, stdio_agent, args.calls)
         ts = {side: ts_round_trips(cmd, state, env, server, token, stdio_agent, args.calls, f"http-bench-ts-{n}")
-              for n, (side, server) in enumerate(servers.items())}
+              for n, (side, server) in enumerate(servers.items()) if side != AGAINST}
         live = dashboard_latency(cmd, state, env, servers["HTTP"].url, token, args.signals)
     finally:
         stacks = {side: server.stack for side, server in servers.items()}
@@ -329,6 +338,7 @@ def run(args) -> str:
         "One state directory; `synapolis mcp` (stdio) and two `synapolis serve` (the SDK's streamable HTTP, protocol "
         f"2025-11-25 with a session, JSON answers): **HTTP** on {stacks['HTTP']}, **HTTP, plain stack** on "
         f"{stacks['HTTP, plain stack']} (SYNAPOLIS_SERVE_PLAIN=1). "
+        + (f"**{AGAINST}**: `serve` run from {args.against} on {stacks[AGAINST]}. " if args.against else "") +
         f"Load: {load} ({os.cpu_count()} CPUs shared with other work: compare columns of one run).",
         "",
         f"### Round trips ({args.calls} calls each after 10 warm-up, the sides alternating in blocks of {BLOCK})",
@@ -400,8 +410,10 @@ def main():
     parser = bench_parser(__doc__)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--signals", type=int, default=40)
+    parser.add_argument("--against", metavar="DIR", default=None,
+                        help="another checkout whose serve runs beside this one's (print only)")
     args = parser.parse_args()
-    publish(SECTION, run(args), write=not args.no_write)
+    publish(SECTION, run(args), write=not args.no_write and not args.against)
 
 
 if __name__ == "__main__":

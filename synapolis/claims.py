@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import time
 from datetime import datetime, timedelta
 
-# hashlib (OpenSSL), threading, random and filelock are imported where they are used: `synapolis claim`
-# runs on a hook's schedule, and an uncontended claim of a short name needs none of them
+# hashlib (OpenSSL), threading, random, filelock and the holder-status rules (status) are imported where they
+# are used, and the context managers are classes (no contextlib): `synapolis claim` runs on an agent's every
+# edit, and an uncontended claim of a short name needs none of them
 from .atomic import (JsonlLog, atomic_write_json, json_files, locked, open_regular, parse_jsonl_line, read_json,
                      restorable)
 from .errors import (BusyError, ConflictError, ForbiddenError, InternalError, NotFoundError, StaleToken,
                      SynapolisError, UsageError)
 from .names import check_text, validate_agent_id, validate_claim_item, validate_session_id
-from .status import CLAIMABLE_FROM, status_of_agent_anywhere
 from .store import clock
 from .timeutil import format_ts, humanize_age, parse_ts
 
@@ -80,37 +79,43 @@ def _try_item_lock(path: str):
     return None
 
 
-@contextlib.contextmanager
-def _item_lock(ws, item: str):
-    """The per-item lock `.locks/claim.<stem>.lock`, with the configured finite timeout; a timeout is
-    BusyError (exit 8).
+class _item_lock:
+    """`with _item_lock(ws, item):` the per-item lock `.locks/claim.<stem>.lock`, with the configured finite
+    timeout; a timeout is BusyError (exit 8).
 
     Free (the usual case): taken at once by atomic.locked's non-blocking try, without importing filelock
     (50-75 ms, several times a whole `synapolis claim`). Held by another process: waited for through
     filelock.FileLock, which takes the very same lock on the same file (flock on POSIX, a lock on byte 0
     on Windows), so a holder on either side excludes the other (docs/CLAIMS.md, "The lock").
     """
-    path = _lock_file(ws, item)
-    fast = _try_item_lock(path)
-    if fast is not None:
-        try:
-            yield
-        finally:
-            fast.__exit__(None, None, None)
-        return
-    from filelock import FileLock, Timeout  # contended: a waiter pays the import while it waits anyway
 
-    timeout_ms = ws.config.busy_timeout_ms
-    lock = FileLock(path, timeout=timeout_ms / 1000.0)
-    try:
-        lock.acquire()
-    except Timeout:
-        raise BusyError(f"claim {item} stayed locked past busy_timeout_ms ({timeout_ms} ms); try again",
-                        item=item) from None
-    try:
-        yield
-    finally:
-        lock.release()
+    def __init__(self, ws, item: str):
+        self.ws, self.item = ws, item
+        self.held = None  # the entered atomic.locked, or the acquired FileLock
+
+    def __enter__(self) -> None:
+        path = _lock_file(self.ws, self.item)
+        fast = _try_item_lock(path)
+        if fast is not None:
+            self.held = fast
+            return
+        from filelock import FileLock, Timeout  # contended: a waiter pays the import while it waits anyway
+
+        timeout_ms = self.ws.config.busy_timeout_ms
+        lock = FileLock(path, timeout=timeout_ms / 1000.0)
+        try:
+            lock.acquire()
+        except Timeout:
+            raise BusyError(f"claim {self.item} stayed locked past busy_timeout_ms ({timeout_ms} ms); try again",
+                            item=self.item) from None
+        self.held = lock
+
+    def __exit__(self, *exc) -> None:
+        held, self.held = self.held, None
+        if isinstance(held, locked):
+            held.__exit__(None, None, None)
+        else:
+            held.release()
 
 
 def _is_record(doc, item: str | None = None) -> bool:
@@ -210,10 +215,19 @@ def claim_state(record: dict, now: datetime) -> str:
 def holder_status(ws, agent_id: str, now: datetime) -> str:
     """The holder's effective status by the monitor's own function; 'invalid' for a name no agent has.
     On a shared store a holder on another machine is judged by its heartbeat copy there."""
+    from .status import status_of_agent_anywhere  # only a claim that meets another's lease asks
+
     try:
         return status_of_agent_anywhere(ws, agent_id, now)
     except UsageError:
         return "invalid"
+
+
+def _claimable_from() -> frozenset:
+    """The holder statuses a claim may take over from (status.CLAIMABLE_FROM, the monitor's own rule)."""
+    from .status import CLAIMABLE_FROM
+
+    return CLAIMABLE_FROM
 
 
 def _number(value, what: str, *, minimum: float, strict: bool, maximum: float) -> float:
@@ -327,11 +341,23 @@ class FileSlot:
         return JsonlLog(self.ws.files.claims_log, timeout=self.ws.config.busy_timeout_ms / 1000.0)
 
 
-@contextlib.contextmanager
-def file_slot(ws, item: str):
-    """The SQLite store's claim slot: the item's file lock held for the body."""
-    with _item_lock(ws, item):
-        yield FileSlot(ws, item)
+class file_slot:
+    """`with file_slot(ws, item) as slot:` the SQLite store's claim slot, the item's lock held for the body."""
+
+    def __init__(self, ws, item: str):
+        self.ws, self.item = ws, item
+        self.lock = _item_lock(ws, item)
+
+    def __enter__(self) -> FileSlot:
+        self.lock.__enter__()
+        try:
+            return FileSlot(self.ws, self.item)
+        except BaseException:
+            self.lock.__exit__(None, None, None)
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.lock.__exit__(*exc)
 
 
 def file_document(ws, item: str) -> tuple[dict | None, bool]:
@@ -407,8 +433,10 @@ class Claim(dict):
             moment = time.monotonic()
             if moment >= next_beat:
                 next_beat = moment + beat_every
-                with contextlib.suppress(OSError, UsageError, InternalError):
+                try:
                     beat_holder(self._ws, self._agent_id, self._session_id)
+                except (OSError, UsageError, InternalError):
+                    pass  # the lease is what matters here; the next beat tries again
             if moment < next_renew:
                 continue
             try:
@@ -541,7 +569,7 @@ def _acquire(ws, item: str, agent_id: str, session_id: str | None, ttl: float, n
         if state in ("held", "expired"):
             holder = record["claimed_by"]
             status = holder_status(ws, holder, now)
-            if state == "held" and status not in CLAIMABLE_FROM:
+            if state == "held" and status not in _claimable_from():
                 expires = parse_ts(record["expires_at"])
                 raise ConflictError(
                     f"{item} is held by {holder} (token {record['token']}, {status}) until "
@@ -720,7 +748,7 @@ def list_claims(ws, now: datetime | None = None, *, held_only: bool = False) -> 
             if holder not in statuses:
                 statuses[holder] = holder_status(ws, holder, now)
             entry["holder_status"] = statuses[holder]
-            entry["takeable"] = entry["state"] == "expired" or statuses[holder] in CLAIMABLE_FROM
+            entry["takeable"] = entry["state"] == "expired" or statuses[holder] in _claimable_from()
         out.append(entry)
     out.sort(key=lambda e: (e["item"] is None, e["item"] or e.get("file", "")))
     return [e for e in out if e["state"] == "held"] if held_only else out

@@ -271,6 +271,22 @@ def test_a_verb_that_must_not_wait_is_refused_at_once_by_a_locked_store_and_chan
             raise BusyError("a file lock stayed locked")
     assert not attempt.blocked
 
+    # a read takes its lock at its first statement: a store nobody else may even read (another process in
+    # exclusive locking mode) refuses that statement, and that is the store's refusal too
+    exclusive = ("import sqlite3, sys, time\n"
+                 "conn = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+                 "conn.execute('PRAGMA locking_mode = EXCLUSIVE')\n"
+                 "conn.execute('BEGIN EXCLUSIVE')\n"
+                 "conn.execute('SELECT COUNT(*) FROM signals').fetchone()\n"
+                 "print('holding', flush=True)\n"
+                 "time.sleep(120)\n")
+    live.close()  # the kept connections of the pool would keep the other process from its exclusive lock
+    with Holder(exclusive, ws.paths.session_db(agent.session_id)):
+        attempt = NoWait()
+        with not_waiting(attempt), pytest.raises(BusyError):
+            live_call(live, actions.read_signals, ws, agent, env={}, now=at(4))
+        assert attempt.blocked
+
 
 # -- the server ------------------------------------------------------------------------------------------
 

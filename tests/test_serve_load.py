@@ -93,3 +93,19 @@ def test_32_clients_sending_50_signals_each_lose_nothing(state_dir, cli):
         stop.set()
         proc.terminate()
         proc.wait(timeout=15)
+
+
+def test_the_team_server_settles_its_garbage_collector_once_built():
+    """What `serve` does once its app is built (web.serve.settle_garbage_collector): the objects made so far
+    frozen out of the collector's sight, and a collection only every GC_THRESHOLDS[0] new objects."""
+    import subprocess
+    import sys
+
+    script = ("import gc, json\nfrom synapolis.web import app, serve\nbefore = gc.get_threshold()\n"
+              "serve.settle_garbage_collector()\nprint(json.dumps({'before': before, 'after': gc.get_threshold(), "
+              "'frozen': gc.get_freeze_count(), 'wanted': serve.GC_THRESHOLDS}))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen["after"] == seen["wanted"] != seen["before"]
+    assert seen["frozen"] > 10_000  # the SDK, starlette and pydantic's schemas, made at import

@@ -171,6 +171,9 @@ def test_claim_verbs_load_nothing_heavy(pair, state_dir):
     for a file name is hashed); no threading (the renewal thread is the context manager's, not the CLI's)."""
     ws, sid = pair
     me = ("--agent-id", "alice", "--session-id", sid)
+    _names, done = loaded("--state-dir", str(state_dir), "beat", *me)
+    assert done.returncode == 0, _stderr(done)
+    beat_modules = _modules(done)
     for verb, expect in ((["claim", "src/api.py", *me], "claimed"), (["claim", "src/api.py", *me], "renewed"),
                          (["claim-check", "src/api.py", "--token", "1"], None),
                          (["release", "src/api.py", *me], "released")):
@@ -179,6 +182,9 @@ def test_claim_verbs_load_nothing_heavy(pair, state_dir):
         answer = json.loads(done.stdout)  # a real answer, not an error that stopped early
         assert answer["claim"]["token"] == 1 and answer.get("event") == expect, answer
         assert not names & (HEAVY | WEIGHTY | {"click", "threading"}), sorted(names & (HEAVY | WEIGHTY))
+        # a claim loads what a beat loads and its own module: no contextlib (the lock and the slot are
+        # classes), no status (asked only when a claim meets another's lease), no random (--wait's jitter)
+        assert _modules(done) - beat_modules == {"synapolis.claims"}, sorted(_modules(done) - beat_modules)
     assert json.loads((ws.paths.claims / "src%2Fapi.py.json").read_text())["released_by"] == "alice"
 
     # the controls: a name past 180 characters is hashed (hashlib loads), and a held lock is waited for
@@ -191,6 +197,14 @@ def test_claim_verbs_load_nothing_heavy(pair, state_dir):
         names, done = loaded("--state-dir", str(state_dir), "claim", "src/api.py", *me)
     assert done.returncode == 8 and "BusyError" in _stderr(done)
     assert "filelock" in names and "click" not in names
+
+    # and a claim that meets another's live lease asks the monitor's rules (status) about its holder
+    names, done = loaded("--state-dir", str(state_dir), "claim", "src/api.py", *me)
+    assert done.returncode == 0, _stderr(done)
+    names, done = loaded("--state-dir", str(state_dir), "claim", "src/api.py", "--agent-id", "bob",
+                         "--session-id", sid)
+    assert done.returncode == 3 and "held by alice" in _stderr(done)
+    assert "synapolis.status" in _modules(done)
 
 
 # -- hooks ------------------------------------------------------------------------------------------

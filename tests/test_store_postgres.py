@@ -362,6 +362,71 @@ def test_a_duplicate_id_leaves_no_gap_on_either_send_path(machines):
     assert [first["sequence"], twin["sequence"], reply["sequence"], reply_twin["sequence"]] == numbers
 
 
+def test_a_connection_dropped_inside_a_transaction_or_at_its_commit(machines):
+    """BEGIN and COMMIT go through libpq itself (store/postgres.py `_command`), so their failures must come out as
+    psycopg's would: a COMMIT the server refuses (a deferred constraint) is an error of its SQLSTATE's class and
+    stores nothing; a connection killed inside a write transaction fails the verb with BusyError (exit 8), stores
+    nothing, and the next call works on a new connection with no manual step."""
+    import psycopg
+    from psycopg import errors as pg_errors
+
+    from synapolis import signals
+    from synapolis.errors import InternalError
+    from synapolis.store import clock, open_session, store_for
+    from synapolis.store.postgres import _command
+
+    laptop, runner = machines
+    sid = actions.start(laptop, agent_id="alice", session_id="s1", env={})["session_id"]
+    actions.start(runner, agent_id="bob", session_id=sid, env={})
+    admin = psycopg.connect(laptop.config.store, autocommit=True)
+    try:
+        # the server refuses a COMMIT: a constraint checked only then
+        admin.execute("CREATE TABLE parent (id INT PRIMARY KEY)")
+        admin.execute("CREATE TABLE child (id INT REFERENCES parent DEFERRABLE INITIALLY DEFERRED)")
+        store = open_session(laptop, sid)
+        with pytest.raises(InternalError, match="foreign key"):
+            with store.write() as tx:
+                signals.send(tx, caller="alice", recipient="bob", content="before a refused commit",
+                             now=clock(laptop), config=laptop.config)
+                tx.cur.execute("INSERT INTO child VALUES (1)")
+        assert store_rows(laptop, sid, "SELECT content FROM signals") == []
+        conn = psycopg.connect(laptop.config.store, autocommit=True)
+        _command(conn, b"BEGIN")
+        conn.execute("INSERT INTO child VALUES (2)")
+        with pytest.raises(pg_errors.ForeignKeyViolation):
+            _command(conn, b"COMMIT")
+        # a connection killed inside a transaction: the COMMIT meets a lost connection
+        with pytest.raises(BusyError, match="failed"):
+            with store.write() as tx:
+                signals.send(tx, caller="alice", recipient="bob", content="lost with its connection",
+                             now=clock(laptop), config=laptop.config)
+                mine = tx.cur.connection.info.backend_pid
+                admin.execute("SELECT pg_terminate_backend(%s, 5000)", (mine,))
+        admin.execute("SELECT pg_terminate_backend(%s, 5000)", (conn.info.backend_pid,))
+        with pytest.raises(psycopg.OperationalError):
+            _command(conn, b"BEGIN")
+        sent = actions.signal(laptop, Who("alice", sid), "bob", "after", env={}, piggyback=False)["signal"]
+        assert store_for(laptop).connection().info.backend_pid != mine
+        assert [r["content"] for r in store_rows(laptop, sid, "SELECT content FROM signals")] == ["after"]
+        assert sent["sequence"] > 0
+    finally:
+        admin.close()
+
+
+def test_candidates_reach_the_server_as_themselves(pg_url):
+    """A directed send's candidates go to the server as a text[] literal built by the store (psycopg's list
+    adaptation cost a third of the statement): every string, quoted and escaped, comes back as itself."""
+    import psycopg
+
+    from synapolis.store.postgres import _text_array
+
+    items = ["a", "a.b", "NULL", "null", 'q"x', "b\\s", "", " sp ", "{,}", "é", "a,b"]
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT %s::text[]", (_text_array(items),)).fetchone()[0] == items
+        assert conn.execute("SELECT %s::text[]", (_text_array([]),)).fetchone()[0] == []
+        assert conn.execute("SELECT %s::text[] IS NULL", (_text_array(None),)).fetchone()[0] is True
+
+
 SPENDER = r"""
 import json, sys
 from datetime import datetime, timezone

@@ -46,9 +46,10 @@ def not_waiting(attempt: NoWait):
 
 
 class _NotWaitingStore:
-    """A session store (one that waits for no lock) lent to a NoWait attempt: a BusyError as one of its
-    transactions begins or commits is the store's refusal to wait, noted on the attempt. One raised inside a
-    transaction's body is something else (a file lock that waited its time) and is left alone."""
+    """A session store (one that waits for no lock) lent to a NoWait attempt: a BusyError the store raises
+    itself (as a transaction begins or commits, or for a statement of its body: a read takes its lock at its
+    first statement) is its refusal to wait, noted on the attempt. One the body raised is something else (a
+    file lock that waited its time) and is left alone."""
 
     __slots__ = ("_store", "_attempt")
 
@@ -66,14 +67,16 @@ class _NotWaitingStore:
 
     @contextlib.contextmanager
     def _noted(self, transaction):
-        inside = False
+        from_body = None
         try:
             with transaction as tx:
-                inside = True
-                yield tx
-                inside = False
-        except BusyError:
-            if not inside:
+                try:
+                    yield tx
+                except BaseException as exc:
+                    from_body = exc
+                    raise
+        except BusyError as exc:
+            if exc is not from_body:
                 self._attempt.blocked = True
             raise
 
@@ -187,7 +190,12 @@ class LongLived:
         for candidate in stale:
             candidate.close()
         if store is None:
-            store = backend.open_session(session_id)
+            try:
+                store = backend.open_session(session_id)
+            except BusyError:
+                if attempt is not None:  # opening reads the schema's version: refused like any read
+                    attempt.blocked = True
+                raise
             now_sig = backend.session_signature(session_id) or (None, None)
         try:
             yield store if attempt is None else _NotWaitingStore(store, attempt)

@@ -20,7 +20,9 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from ..atomic import file_signature
 from ..errors import ForbiddenError
+from ..identity import Who
 from ..paths import CONFIG_NAME
+from ..store import store_for
 from ..workspace import Workspace
 from . import watch
 from .live import LongLived
@@ -103,6 +105,8 @@ class ServerState:
         # stores held open, callers resolved, refreshes coalesced between calls (live.LongLived)
         self.live = LongLived(max_sessions=MAX_KEPT)
         self._ws: tuple | None = None  # (config file signature, Workspace)
+        self._config_path = os.path.join(self.root, CONFIG_NAME)
+        self._kind: tuple | None = None  # (Workspace, whether its store is SQLite)
         self._users = 0
         self._token = None  # the event loop's, for the watcher's thread to deliver on
         self._lock = threading.Lock()
@@ -110,7 +114,7 @@ class ServerState:
     def workspace(self, create: bool = False) -> Workspace:
         """The state directory and its config, re-read only when synapolis.json changed (an edit applies
         to the next call without restarting the harness)."""
-        signature = file_signature(os.path.join(self.root, CONFIG_NAME))
+        signature = file_signature(self._config_path)
         cached = self._ws
         if self.fast and cached is not None and signature is not None and cached[0] == signature:
             ws = cached[1]
@@ -121,6 +125,13 @@ class ServerState:
             settled = signature is not None and time.time_ns() - signature[2] > 2_000_000_000
             self._ws = (signature, ws) if settled else None
         return ws.ensure() if create else ws
+
+    def on_sqlite(self, ws) -> bool:
+        """Whether `ws` (a workspace() answer) keeps its sessions in SQLite, rather than a shared store."""
+        kept = self._kind
+        if kept is None or kept[0] is not ws:
+            kept = self._kind = (ws, store_for(ws).kind == "sqlite")
+        return kept[1]
 
     # -- identity: per MCP session, never per server process ------------------------------------------
     def _memory_key(self, ctx, principal: Principal):
@@ -165,8 +176,6 @@ class ServerState:
         arguments next; this client's remembered identity fills what they leave out (its run token only for
         that agent in that session); a local caller then falls back to env and identity.json, a remote one
         never does. A read-only token may not write and reads as nobody (a read as an agent refreshes it)."""
-        from ..identity import Who
-
         principal = principal_of(ctx)
         if principal.read_only:
             if writes:

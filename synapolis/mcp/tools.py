@@ -18,7 +18,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .. import actions, agent_call
 from ..errors import BusyError, SynapolisError
-from ..store import store_for
 from . import watch
 from .live import NoWait, not_waiting
 from .errors import error_line, resource_error
@@ -116,12 +115,11 @@ def register_tools(server, state: ServerState) -> None:
     # and may mark signals delivered (piggyback), the reads too when an identity resolves
     ro = types.ToolAnnotations(read_only_hint=True)
 
-    def act(fn, who, *args, env=None, **kwargs) -> types.CallToolResult:
-        """Run one library verb as `who` (None: the verb takes no caller) and answer with its result.
+    def act(ws, fn, who, *args, env=None, **kwargs) -> types.CallToolResult:
+        """Run one library verb in `ws` as `who` (None: the verb takes no caller) and answer with its result.
 
         `env`: the environment identity may come from (the server's, for a local client; none for a remote
         one). The verbs that write create the state directory themselves (as for the CLI)."""
-        ws = state.workspace()
         lead = () if who is None else (who,)
         with agent_call.long_lived(state.live if state.fast else None):
             result = fn(ws, *lead, *args, env=state.env if env is None else env, **kwargs)
@@ -142,19 +140,20 @@ def register_tools(server, state: ServerState) -> None:
         their work is done outside the store first) once anyone has subscribed, and every verb on a shared
         store (PostgreSQL: each verb is network round trips).
         """
-        if rerunnable and not slow and state.fast and store_for(state.workspace()).kind == "sqlite":
+        ws = state.workspace()
+        if rerunnable and not slow and state.fast and state.on_sqlite(ws):
             attempt = NoWait()
             try:
                 with not_waiting(attempt):
-                    return act(fn, who, *args, **kwargs)
+                    return act(ws, fn, who, *args, **kwargs)
             except BusyError:
                 if not attempt.blocked:
                     raise
             # a session store was locked: wait for it where waiting holds up nobody else
-            return await anyio.to_thread.run_sync(functools.partial(act, fn, who, *args, **kwargs))
+            return await anyio.to_thread.run_sync(functools.partial(act, ws, fn, who, *args, **kwargs))
         if slow or state.watcher is not None or not state.fast:
-            return await anyio.to_thread.run_sync(functools.partial(act, fn, who, *args, **kwargs))
-        return act(fn, who, *args, **kwargs)
+            return await anyio.to_thread.run_sync(functools.partial(act, ws, fn, who, *args, **kwargs))
+        return act(ws, fn, who, *args, **kwargs)
 
     @server.tool(description="Join (or create) a session as an agent; remembers the identity for later calls. "
                              "Returns agent_id, session_id, run_token.")

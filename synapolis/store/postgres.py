@@ -35,6 +35,9 @@ try:
     from psycopg import errors as pg_errors
     from psycopg.conninfo import conninfo_to_dict
     from psycopg.rows import dict_row
+    from psycopg.pq import ConnStatus, DiagnosticField, ExecStatus
+
+    _COMMAND_OK, _CONNECTION_OK, _SQLSTATE = ExecStatus.COMMAND_OK, ConnStatus.OK, DiagnosticField.SQLSTATE
 except ImportError:  # pragma: no cover - exercised by a test with the driver hidden
     psycopg = None
 
@@ -345,6 +348,32 @@ def _cause(exc: BaseException) -> str:
     return " ".join(first.split()) or type(exc).__name__
 
 
+def _command(conn, command: bytes) -> None:
+    """BEGIN or COMMIT through libpq itself (`pgconn.exec_`, psycopg's documented low-level interface): a
+    cursor's execute spends about 80,000 instructions on a command without parameters or rows, as much as the
+    send between them (docs/STORE.md, "Round trips"). A failure is raised as psycopg raises it: the class of
+    its SQLSTATE, or OperationalError when the connection is lost (the caller's retry and error translation
+    depend on that)."""
+    result = conn.pgconn.exec_(command)
+    if result.status == _COMMAND_OK:
+        return
+    message = (result.error_message or conn.pgconn.error_message or b"").decode("utf-8", "replace").strip()
+    message = message or f"{command.decode()} failed"
+    if conn.pgconn.status != _CONNECTION_OK:
+        raise psycopg.OperationalError(message)
+    state = result.error_field(_SQLSTATE)
+    raise (pg_errors.lookup(state.decode()) if state else psycopg.DatabaseError)(message)
+
+
+def _text_array(items) -> str | None:
+    """A text[] literal of `items` (None stays NULL), each quoted and escaped, so that every string is itself
+    (a quoted NULL is the text 'NULL'): psycopg's own list adaptation spends about 56,000 instructions a call
+    finding the element type, a third of a send's statement."""
+    if items is None:
+        return None
+    return "{" + ",".join('"' + item.replace("\\", "\\\\").replace('"', '\\"') + '"' for item in items) + "}"
+
+
 def _family(agent_id: str) -> tuple[str, str]:
     return agent_id + ".", agent_id + "/"
 
@@ -487,7 +516,7 @@ class PostgresTransaction(base.Transaction):
         out = self._one("SELECT synapolis_send(%s, %s, %s, %s, %s, %s, %s, %s, %s::text[], %s::float8, %s::float8, "
                         "%s, %s, %s::int8) AS out",
                         (self.session_id, signal["id"], signal["timestamp"], signal["sender"], signal["recipient"],
-                         signal["type"], signal["content"], caller, candidates, rate, moment,
+                         signal["type"], signal["content"], caller, _text_array(candidates), rate, moment,
                          _key(self.session_id, "signals"), NOTIFY_CHANNEL, self._reserved))["out"]
         # an id stored already: signals.send retries with the next microsecond's id, which takes the number
         # this attempt drew (see synapolis_send)
@@ -775,6 +804,7 @@ class PostgresStore(base.Store):
         self.busy_timeout_ms = int(ws.config.busy_timeout_ms)
         self._lock = threading.RLock()
         self._conn = None
+        self._cursor = None  # the cursor of `_conn` (_cursor_for)
         # the server's clock as last read (free with the schema check at connect) and this process's monotonic
         # clock at that moment: `now()` runs on from it, see there
         self._clock_anchor = None
@@ -814,7 +844,7 @@ class PostgresStore(base.Store):
         return BusyError(f"store {self.where} cannot be reached: {self._scrub(_cause(exc))}")
 
     def _drop(self) -> None:
-        conn, self._conn = self._conn, None
+        conn, self._conn, self._cursor = self._conn, None, None
         if conn is not None:
             with contextlib.suppress(Exception):
                 conn.close()
@@ -890,7 +920,7 @@ class PostgresStore(base.Store):
         with contextlib.suppress(Exception):
             conn.close()
         if conn is self._conn:
-            self._conn = None
+            self._conn = self._cursor = None
 
     @contextlib.contextmanager
     def transaction(self, begin: str = "BEGIN"):
@@ -902,11 +932,12 @@ class PostgresStore(base.Store):
         (libpq's pipeline mode was measured: on a local server its client-side cost outweighs the round
         trips it saves, benchmarks/RESULTS.md; statements that belong together are fused instead.)
         """
+        begin = begin.encode()
         for attempt in (1, 2):
             with self._checkout() as conn:
-                cur = conn.cursor()
+                cur = self._cursor_for(conn)
                 try:
-                    cur.execute(begin)
+                    _command(conn, begin)
                 except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                     self._discard(conn)
                     if attempt == 2:
@@ -919,7 +950,7 @@ class PostgresStore(base.Store):
                     raise self._translate(exc) from None
                 try:
                     yield cur
-                    cur.execute("COMMIT")
+                    _command(conn, b"COMMIT")
                 except psycopg.Error as exc:
                     if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
                         self._discard(conn)
@@ -929,6 +960,16 @@ class PostgresStore(base.Store):
                     self._rollback(conn)
                     raise
                 return
+
+    def _cursor_for(self, conn):
+        """The cursor a transaction runs on. The process's own connection keeps one (its transactions take turns,
+        and making a cursor costs a tenth of a send's client time); a pooled connection's is made per transaction."""
+        if self.pooled:
+            return conn.cursor()
+        cur = self._cursor
+        if cur is None or cur.connection is not conn:
+            cur = self._cursor = conn.cursor()
+        return cur
 
     def _rollback(self, conn) -> None:
         if conn.closed:

@@ -20,6 +20,22 @@ def http_stack(env=None) -> tuple[str, bool]:
     return ("httptools" if find_spec("httptools") else "h11"), find_spec("uvloop") is not None
 
 
+GC_THRESHOLDS = (20_000, 20, 20)  # Python's default is (700, 10, 10) (before 3.13)
+
+
+def settle_garbage_collector() -> None:
+    """Once the app is built: what was made so far (the SDK, starlette, pydantic's schemas, our tools) lives
+    as long as the process, so it is moved out of the collector's sight (`gc.freeze`), and the collector runs
+    after 20,000 new objects rather than 700: each HTTP request makes hundreds (the request, its headers, its
+    streams, the messages), so the default ran a collection every request or two. Cyclic garbage lives a little
+    longer; 0.1-0.2 ms of server CPU per call less, side by side (docs/MCP.md)."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 def run(state_dir, *, host: str, port: int, certfile=None, keyfile=None, loopback: bool = True,
         force_polling: bool = False) -> None:
     import anyio
@@ -34,6 +50,7 @@ def run(state_dir, *, host: str, port: int, certfile=None, keyfile=None, loopbac
     config = uvicorn.Config(app, host=host, port=port, ssl_certfile=certfile, ssl_keyfile=keyfile, http=http,
                             log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
+    settle_garbage_collector()
 
     async def main():
         async with anyio.create_task_group() as tg:
