@@ -99,8 +99,8 @@ def child_pid(args_end: list[str], exclude=()) -> int | None:
 class Serve:
     """A `synapolis serve --port 0` process; its URL once it listens, and what it runs on."""
 
-    def __init__(self, cmd, state: Path, env: dict):
-        self.proc = subprocess.Popen([*cmd, "--state-dir", str(state), "serve", "--port", "0"], env=env,
+    def __init__(self, cmd, state: Path, env: dict, cwd=None):
+        self.proc = subprocess.Popen([*cmd, "--state-dir", str(state), "serve", "--port", "0"], env=env, cwd=cwd,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         for line in self.proc.stderr:
             found = re.search(r"listening on (\S+) .*; ([^)]+)\)", line)
@@ -312,9 +312,11 @@ def run(args) -> str:
     load_before = os.getloadavg()[0]
     servers = {"HTTP": Serve(cmd, state, env), "HTTP, plain stack": Serve(cmd, state, {**env, PLAIN_ENV: "1"})}
     if args.against:
-        # `python -m synapolis`: the console script next to this interpreter may be another checkout's
-        servers[AGAINST] = Serve([sys.executable, "-m", "synapolis"], state,
-                                 {**env, "PYTHONPATH": str(Path(args.against).resolve())})
+        # `python -m synapolis` in that checkout (`-m` puts the working directory first on sys.path, ahead
+        # of PYTHONPATH): the console script next to this interpreter is this tree's
+        against = str(Path(args.against).resolve())
+        servers[AGAINST] = Serve([sys.executable, "-m", "synapolis"], state, {**env, "PYTHONPATH": against},
+                                 cwd=against)
     try:
         rt = anyio.run(round_trips, cmd, state, env, servers, token, stdio_agent, args.calls)
         ts = {side: ts_round_trips(cmd, state, env, server, token, stdio_agent, args.calls, f"http-bench-ts-{n}")
