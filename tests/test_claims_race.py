@@ -54,16 +54,19 @@ def _racer(state_dir: str, index: int, barrier, out_dir: str) -> None:
         barrier.wait(timeout=DEADLINE_S)  # all released before the next race
 
 
-def test_eight_processes_race_for_twenty_items(tmp_path):
+def _race(tmp_path, racer):
+    """N_PROCS processes running `racer` at once (a barrier starts each round) against one state directory
+    whose racers all have live heartbeats (nobody may take over from a winner); every one must exit 0 by
+    the deadline. Returns (the workspace, the folder of the racers' per-round results)."""
     state_dir = tmp_path / "state"
     ws = Workspace.open(state_dir).ensure()
-    for i in range(N_PROCS):  # live holders: nobody may take over from a winner
+    for i in range(N_PROCS):
         write_heartbeat(ws.paths, f"racer{i}")
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     ctx = multiprocessing.get_context("fork")
     barrier = ctx.Barrier(N_PROCS)
-    procs = [ctx.Process(target=_racer, args=(str(state_dir), i, barrier, str(out_dir))) for i in range(N_PROCS)]
+    procs = [ctx.Process(target=racer, args=(str(state_dir), i, barrier, str(out_dir))) for i in range(N_PROCS)]
     for proc in procs:
         proc.start()
     deadline = time.monotonic() + DEADLINE_S
@@ -73,6 +76,11 @@ def test_eight_processes_race_for_twenty_items(tmp_path):
         if proc.is_alive():
             proc.kill()
     assert [p.exitcode for p in procs] == [0] * N_PROCS
+    return ws, out_dir
+
+
+def test_eight_processes_race_for_twenty_items(tmp_path):
+    ws, out_dir = _race(tmp_path, _racer)
 
     tokens = defaultdict(list)
     for rnd in range(ROUNDS):
@@ -327,24 +335,7 @@ def _old_racer(state_dir: str, index: int, barrier, out_dir: str) -> None:
 
 
 def test_old_and_new_lockers_race_for_twenty_items(tmp_path):
-    state_dir = tmp_path / "state"
-    ws = Workspace.open(state_dir).ensure()
-    for i in range(N_PROCS):
-        write_heartbeat(ws.paths, f"racer{i}")
-    out_dir = tmp_path / "out"
-    out_dir.mkdir()
-    ctx = multiprocessing.get_context("fork")
-    barrier = ctx.Barrier(N_PROCS)
-    procs = [ctx.Process(target=_old_racer, args=(str(state_dir), i, barrier, str(out_dir))) for i in range(N_PROCS)]
-    for proc in procs:
-        proc.start()
-    deadline = time.monotonic() + DEADLINE_S
-    for proc in procs:
-        proc.join(timeout=max(0.1, deadline - time.monotonic()))
-    for proc in procs:
-        if proc.is_alive():
-            proc.kill()
-    assert [p.exitcode for p in procs] == [0] * N_PROCS
+    ws, out_dir = _race(tmp_path, _old_racer)
     for rnd in range(ROUNDS):
         winners = defaultdict(list)
         for i in range(N_PROCS):

@@ -88,13 +88,18 @@ SAME = [
 ]
 
 
-@pytest.mark.parametrize("args", SAME, ids=" ".join)
-def test_fast_and_click_give_the_same_answer(twins, args):
-    quick, slow = both(twins, *args)
+def _same_answer(quick, slow) -> None:
+    """The fast path's run and click's: the same exit code, stdout and stderr (timestamps and ids aside), no
+    traceback on either."""
     assert quick.returncode == slow.returncode, (quick.stderr, slow.stderr)
     assert _norm(quick.stdout) == _norm(slow.stdout)
     assert _norm(quick.stderr) == _norm(slow.stderr)
     assert "Traceback" not in quick.stderr + slow.stderr
+
+
+@pytest.mark.parametrize("args", SAME, ids=" ".join)
+def test_fast_and_click_give_the_same_answer(twins, args):
+    _same_answer(*both(twins, *args))
 
 
 def test_content_from_stdin_is_the_same_both_ways(twins):
@@ -183,11 +188,7 @@ CLAIM_SAME = [
 
 @pytest.mark.parametrize("args", CLAIM_SAME, ids=" ".join)
 def test_claim_verbs_give_the_same_answer_both_ways(claim_twins, args):
-    quick, slow = both(claim_twins, *args)
-    assert quick.returncode == slow.returncode, (quick.stderr, slow.stderr)
-    assert _norm(quick.stdout) == _norm(slow.stdout)
-    assert _norm(quick.stderr) == _norm(slow.stderr)
-    assert "Traceback" not in quick.stderr + slow.stderr
+    _same_answer(*both(claim_twins, *args))
     # what each left on disk is the same too: the claim file of the item (or its absence)
     for name in ("src%2Fheld.py.json", "src%2Fa.py.json", "src%2Fdone.py.json"):
         fast_doc, click_doc = [_norm(path.read_text()) if path.exists() else None
