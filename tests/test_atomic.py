@@ -22,31 +22,31 @@ def test_atomic_write_json_creates_and_replaces_leaving_no_temp(tmp_path):
     assert os.listdir(target.parent) == ["doc.json"]
 
 
-def test_a_failed_replace_keeps_the_old_file_and_removes_the_temp(tmp_path, monkeypatch):
-    target = tmp_path / "doc.json"
+def _rewrite_failing_in(step: str, target, monkeypatch) -> OSError:
+    """Write {"v": "old"} to `target`, then try {"v": "new"} with `atomic.os.<step>` failing as a full disk
+    does; the OSError the write raised."""
     atomic.atomic_write_json(target, {"v": "old"})
 
-    def broken_replace(src, dst):
+    def full_disk(*args):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(atomic.os, "replace", broken_replace)
-    with pytest.raises(OSError):
+    monkeypatch.setattr(atomic.os, step, full_disk)
+    with pytest.raises(OSError) as raised:
         atomic.atomic_write_json(target, {"v": "new"})
     monkeypatch.undo()
+    return raised.value
+
+
+def test_a_failed_replace_keeps_the_old_file_and_removes_the_temp(tmp_path, monkeypatch):
+    target = tmp_path / "doc.json"
+    _rewrite_failing_in("replace", target, monkeypatch)
     assert atomic.read_json(target) == {"v": "old"}
     assert os.listdir(tmp_path) == ["doc.json"]
 
 
 def test_a_failed_write_keeps_the_old_file_and_names_the_target(tmp_path, monkeypatch):
     target = tmp_path / "doc.json"
-    atomic.atomic_write_json(target, {"v": "old"})
-
-    def full_disk(fd, data):
-        raise OSError(28, "No space left on device")
-    monkeypatch.setattr(atomic.os, "write", full_disk)
-    with pytest.raises(OSError) as raised:
-        atomic.atomic_write_json(target, {"v": "new"})
-    monkeypatch.undo()
-    assert raised.value.errno == 28 and raised.value.filename == str(target)
+    raised = _rewrite_failing_in("write", target, monkeypatch)
+    assert raised.errno == 28 and raised.filename == str(target)
     assert atomic.read_json(target) == {"v": "old"}
     assert os.listdir(tmp_path) == ["doc.json"]
 

@@ -532,32 +532,20 @@ class SessionStore(base.SessionStore):
         return store
 
     def _prepare(self) -> None:
-        conn = self._conn
-        try:
-            conn.execute("PRAGMA foreign_keys = ON")
-            # WAL commits are durable against a killed process without an fsync per commit; a power
-            # cut may lose the newest transactions (documented in docs/SIGNALS.md).
-            conn.execute("PRAGMA synchronous = NORMAL")
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-        except sqlite3.Error as exc:
-            self._raise(exc)
+        # WAL commits are durable against a killed process without an fsync per commit; a power cut may
+        # lose the newest transactions (documented in docs/SIGNALS.md).
+        version = self._pragma("PRAGMA foreign_keys = ON", "PRAGMA synchronous = NORMAL", "PRAGMA user_version")[0]
         if version >= SCHEMA_VERSION:
             return
         if version >= 1:
             make_private(self.path)  # a store an older synapolis made, maybe readable by everyone
-        try:
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-        except sqlite3.Error as exc:
-            self._raise(exc)
+        mode = self._pragma("PRAGMA journal_mode = WAL")[0]
         if str(mode).lower() != "wal":
             raise InternalError(f"session store {self.path} cannot use WAL mode (got {mode})")
         migrating = version == 1
         if migrating:
             # the clear tokens the update below replaces must not linger in freed space of the file
-            try:
-                conn.execute("PRAGMA secure_delete = ON")
-            except sqlite3.Error as exc:
-                self._raise(exc)
+            self._pragma("PRAGMA secure_delete = ON")
         with self.write() as tx:
             conn = tx.conn
             # re-checked under the write lock: a racing creator may have done it already
@@ -577,6 +565,15 @@ class SessionStore(base.SessionStore):
                 conn.execute("PRAGMA secure_delete = OFF")
             except sqlite3.Error:
                 pass
+
+    def _pragma(self, *statements: str):
+        """Run `statements` in turn and answer the last one's first row; sqlite3's errors as ours (`_raise`)."""
+        try:
+            for statement in statements:
+                row = self._conn.execute(statement).fetchone()
+            return row
+        except sqlite3.Error as exc:
+            self._raise(exc)
 
     # -- transactions ---------------------------------------------------------------------------
 
