@@ -94,6 +94,40 @@ def test_posting_needs_the_pages_csrf_token_and_posts_as_the_tokens_agent(served
     assert carol["status"] == "stopped" and carol["harness"] == "dashboard"
 
 
+def test_forms_are_small_url_encoded_bodies_or_refused_unread(served, cli):
+    """The sign-in reads its body before any token is checked: a multipart body (each file part spooled to
+    disk, whatever its size) or a huge one (up to 1000 fields of 1 MB in memory) is refused, not parsed."""
+    session = json.loads(cli("start", "--agent-id", "alice", "--json").stdout)["session_id"]
+    token = served.token("carol", "--agent", "carol")
+    huge = b"token=" + b"a" * (4 << 20)
+
+    def chunked():  # no content-length: the bound holds on what arrives, not on what is declared
+        yield b"token="
+        for _ in range(64):
+            yield b"a" * (64 << 10)
+
+    with httpx2.Client(base_url=served.url, timeout=30) as http:
+        upload = http.post("/login", files={"token": ("t.bin", b"x" * (2 << 20))}, follow_redirects=False)
+        assert upload.status_code == 415 and upload.json()["error"]["type"] == "UsageError"
+        as_multipart = http.post("/login", files={"token": (None, token)}, follow_redirects=False)
+        assert as_multipart.status_code == 415 and "set-cookie" not in as_multipart.headers
+        headers = {"content-type": "application/x-www-form-urlencoded"}
+        assert http.post("/login", content=huge, headers=headers).status_code == 413
+        assert http.post("/login", content=chunked(), headers=headers).status_code == 413
+        many = "&".join(f"f{i}=x" for i in range(500)) + f"&token={token}"
+        assert http.post("/login", content=many, headers=headers, follow_redirects=False).status_code == 400
+        sign_in(http, token)  # the form a browser sends still signs in
+        csrf = http.get("/api/dashboard").json()["me"]["csrf"]
+        note = {"kind": "note", "session_id": session, "text": "x", "csrf": csrf}
+        assert http.post("/api/post", files={"text": (None, "x")}, data=note).status_code == 415
+        big = {**note, "text": "y" * (3 * 65536 + 20000)}
+        assert http.post("/api/post", data=big).status_code == 413
+        assert http.post("/api/post", data=note).status_code == 200
+    assert "Traceback" not in "".join(served.proc.said)
+    notes = json.loads(cli("read-notes", "--session-id", session, "--json").stdout)["notes"]
+    assert [n["text"] for n in notes] == ["x"]
+
+
 def test_read_only_and_unpinned_tokens_on_the_page(served, cli):
     session = json.loads(cli("start", "--agent-id", "alice", "--json").stdout)["session_id"]
     viewer, team = served.token("viewer", "--read-only"), served.token("team")
