@@ -208,6 +208,36 @@ def test_pinned_token_cannot_act_as_another_agent(served, cli):
     assert json.loads(cli("claims", "--json").stdout)["claims"] == []
 
 
+def test_only_an_inboxs_own_agent_is_told_of_its_news(served, cli):
+    """A subscription tells its holder each time a signal arrives for that inbox: a token pinned to alice,
+    or a read-only one, may not watch bob's (either way of subscribing), only alice's own and the notes."""
+    session = json.loads(cli("start", "--agent-id", "bob", "--json").stdout)["session_id"]
+    alice, viewer = served.token("alice", "--agent", "alice"), served.token("viewer", "--read-only")
+    bobs, notes = inbox_uri(session, "bob"), notes_uri(session)
+
+    async def main():
+        for token, allowed in ((alice, [inbox_uri(session, "alice"), inbox_uri(session, "alice.helper"), notes]),
+                               (viewer, [notes])):
+            refused = [bobs] + ([inbox_uri(session, "alice")] if token == viewer else [])
+            async with mcp_http_client(served.url, token) as c:
+                for uri in refused:
+                    with pytest.raises(MCPError) as err:
+                        await c.session.subscribe_resource(uri)
+                    assert "ForbiddenError (exit 7)" in str(err.value)
+                for uri in allowed:
+                    await c.session.subscribe_resource(uri)
+            async with mcp_http_client(served.url, token, MODERN) as m:
+                for uri in refused:
+                    with pytest.raises(MCPError) as err:
+                        async with m.listen(resource_subscriptions=[notes, uri]):
+                            pass
+                    assert "ForbiddenError (exit 7)" in str(err.value)
+                async with m.listen(resource_subscriptions=allowed):
+                    pass
+
+    run(main)
+
+
 def test_read_only_token_reads_and_never_writes(served, cli):
     started = json.loads(cli("start", "--agent-id", "alice", "--json").stdout)
     session = started["session_id"]
