@@ -213,3 +213,25 @@ def test_an_open_page_with_nothing_changing_hears_no_change(served, cli):
     # that fed itself would have refetched dozens of times in this window
     assert len([at for at in changes if at < quiet_until]) <= 1, changes
     stop.set()
+
+
+def test_a_revoked_tokens_open_event_stream_ends(served, cli):
+    """Revocation applies from the next request (§13); an event stream is one long request, and kept telling
+    a revoked page each time the store changed. It now ends at the first change after the revocation."""
+    token = served.token("laptop", "--read-only")
+    lines: list[str] = []
+    hello, ended = threading.Event(), threading.Event()
+
+    def page():
+        with httpx2.Client(base_url=served.url, timeout=30) as http:
+            with http.stream("GET", "/events", headers={"authorization": f"Bearer {token}"}) as stream:
+                for line in stream.iter_lines():
+                    lines.append(line)
+                    hello.set()
+        ended.set()
+
+    threading.Thread(target=page, daemon=True).start()
+    assert hello.wait(10)
+    assert cli("tokens", "revoke", "laptop").returncode == 0
+    assert cli("start", "--agent-id", "alice").returncode == 0  # news the revoked page must not hear
+    assert ended.wait(LIVE_S + 5), lines  # (the revocation's own write may be told before it is seen)

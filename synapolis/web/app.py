@@ -99,8 +99,10 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
         return JSONResponse(data, headers={"cache-control": "no-store"})
 
     async def events(request: Request) -> Response:
-        if signed_in(request) is None:
+        who = signed_in(request)
+        if who is None:
             return _refused()
+        token = who[1]
 
         async def stream():
             seen = state.changes
@@ -108,6 +110,8 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
             while True:
                 now = await state.next_change(seen, KEEPALIVE_S)
                 if await request.is_disconnected():
+                    return
+                if book.verify(token) is None:  # revoked while the page was open: the stream ends with it
                     return
                 if now == seen:
                     yield ": keepalive\n\n"
