@@ -354,6 +354,25 @@ def test_serve_refuses_a_wide_address_without_tokens_and_warns_over_plain_http(s
     assert "warning" in said and "TLS" in said
 
 
+def test_serve_that_cannot_listen_says_why_in_one_line(served, cli, tmp_path):
+    """A port another process holds, an address not this machine's, a certificate that is not one: uvicorn
+    failed inside the server's task group, which printed an ExceptionGroup traceback and exited 3 (or said
+    'InternalError: unexpected ExceptionGroup'). Now one line and the contract's exit code."""
+    cli("tokens", "create", "t")
+    taken = served.url.rsplit(":", 1)[1]
+    not_pem = tmp_path / "not.pem"
+    not_pem.write_text("not a certificate\n")
+    for args, code, words in ((("--port", taken), 3, "another process listens"),
+                              (("--host", "192.0.2.1", "--port", "0"), 2, "cannot listen on 192.0.2.1"),
+                              (("--port", "0", "--certfile", str(not_pem), "--keyfile", str(not_pem)), 2,
+                               "not a certificate")):
+        done = cli("serve", *args, timeout=30)
+        assert done.returncode == code, (args, done.stderr)
+        assert "Traceback" not in done.stderr and words in done.stderr.splitlines()[-1], done.stderr
+        assert [line for line in done.stderr.splitlines() if line.startswith("synapolis: ")] == \
+            [done.stderr.splitlines()[-1]]
+
+
 def test_tls_with_certfile_and_keyfile(state_dir, cli, tmp_path):
     import shutil
     import ssl
