@@ -235,3 +235,19 @@ def test_a_revoked_tokens_open_event_stream_ends(served, cli):
     assert cli("tokens", "revoke", "laptop").returncode == 0
     assert cli("start", "--agent-id", "alice").returncode == 0  # news the revoked page must not hear
     assert ended.wait(LIVE_S + 5), lines  # (the revocation's own write may be told before it is seen)
+
+
+def test_a_config_broken_while_serving_is_an_error_answer_not_a_500(served, cli):
+    """synapolis.json is re-read per request; broken under a running server, /api/status and /api/dashboard
+    raised the UsageError out of the app (500, a traceback in the server's log); /api/post answers it."""
+    session = json.loads(cli("start", "--agent-id", "alice", "--json").stdout)["session_id"]
+    token = served.token("carol", "--agent", "carol")
+    (served.state_dir / "synapolis.json").write_text("{broken")
+    auth = {"authorization": f"Bearer {token}"}
+    with httpx2.Client(base_url=served.url, timeout=10, headers=auth) as http:
+        for answer in (http.get("/api/status"), http.get("/api/dashboard"),
+                       http.post("/api/post", data={"kind": "note", "session_id": session, "text": "x"})):
+            assert answer.status_code == 400, answer.text
+            assert answer.json()["error"]["type"] == "UsageError" and "synapolis.json" in answer.json()["error"]["message"]
+    time.sleep(0.5)  # the server's log is read as it comes
+    assert "Traceback" not in "".join(served.proc.said)

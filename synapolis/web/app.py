@@ -85,14 +85,20 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
     async def api_status(request: Request) -> Response:
         if signed_in(request) is None:
             return _refused()
-        return JSONResponse(await anyio.to_thread.run_sync(lambda: overview.collect(state.workspace())))
+        try:
+            return JSONResponse(await anyio.to_thread.run_sync(lambda: overview.collect(state.workspace())))
+        except SynapolisError as exc:  # a synapolis.json broken since the server started, a store away
+            return _error(exc)
 
     async def api_dashboard(request: Request) -> Response:
         who = signed_in(request)
         if who is None:
             return _refused()
         record, token, _ = who
-        data = await anyio.to_thread.run_sync(collect)
+        try:
+            data = await anyio.to_thread.run_sync(collect)
+        except SynapolisError as exc:
+            return _error(exc)
         data["me"] = {"token": record["name"], "agent_id": record.get("agent_id"),
                       "read_only": bool(record.get("read_only")), "csrf": csrf_for(token)}
         data["changes"] = state.changes
@@ -127,8 +133,12 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
         if who is None:
             return _refused()
         record, token, from_cookie = who
+        try:
+            content_max = int(state.workspace().config.max_content_bytes)
+        except SynapolisError as exc:  # a synapolis.json broken since the server started
+            return _error(exc)
         # a note or a signal's content is at most max_content_bytes, each byte at most 3 when URL-encoded
-        form = await _read_form(request, 3 * int(state.workspace().config.max_content_bytes) + LOGIN_BODY_MAX)
+        form = await _read_form(request, 3 * content_max + LOGIN_BODY_MAX)
         if isinstance(form, Response):
             return form
         if from_cookie:  # a browser: the page's CSRF token, and no other site's origin
