@@ -249,6 +249,10 @@ class as_agent:
             except NotFoundError:
                 if required:  # a session that was named (or remembered) but does not exist
                     raise
+                if caller.source == "identity.json":
+                    # identity.json remembers a session since removed: its run token can be proven nowhere
+                    # (it is not wrong, only orphaned), and a reader that needs nobody reads as nobody
+                    return None
             else:
                 self.opened = opened
         try:

@@ -94,6 +94,40 @@ def test_posting_needs_the_pages_csrf_token_and_posts_as_the_tokens_agent(served
     assert carol["status"] == "stopped" and carol["harness"] == "dashboard"
 
 
+def test_forms_are_small_url_encoded_bodies_or_refused_unread(served, cli):
+    """The sign-in reads its body before any token is checked: a multipart body (each file part spooled to
+    disk, whatever its size) or a huge one (up to 1000 fields of 1 MB in memory) is refused, not parsed."""
+    session = json.loads(cli("start", "--agent-id", "alice", "--json").stdout)["session_id"]
+    token = served.token("carol", "--agent", "carol")
+    huge = b"token=" + b"a" * (4 << 20)
+
+    def chunked():  # no content-length: the bound holds on what arrives, not on what is declared
+        yield b"token="
+        for _ in range(64):
+            yield b"a" * (64 << 10)
+
+    with httpx2.Client(base_url=served.url, timeout=30) as http:
+        upload = http.post("/login", files={"token": ("t.bin", b"x" * (2 << 20))}, follow_redirects=False)
+        assert upload.status_code == 415 and upload.json()["error"]["type"] == "UsageError"
+        as_multipart = http.post("/login", files={"token": (None, token)}, follow_redirects=False)
+        assert as_multipart.status_code == 415 and "set-cookie" not in as_multipart.headers
+        headers = {"content-type": "application/x-www-form-urlencoded"}
+        assert http.post("/login", content=huge, headers=headers).status_code == 413
+        assert http.post("/login", content=chunked(), headers=headers).status_code == 413
+        many = "&".join(f"f{i}=x" for i in range(500)) + f"&token={token}"
+        assert http.post("/login", content=many, headers=headers, follow_redirects=False).status_code == 400
+        sign_in(http, token)  # the form a browser sends still signs in
+        csrf = http.get("/api/dashboard").json()["me"]["csrf"]
+        note = {"kind": "note", "session_id": session, "text": "x", "csrf": csrf}
+        assert http.post("/api/post", files={"text": (None, "x")}, data=note).status_code == 415
+        big = {**note, "text": "y" * (3 * 65536 + 20000)}
+        assert http.post("/api/post", data=big).status_code == 413
+        assert http.post("/api/post", data=note).status_code == 200
+    assert "Traceback" not in "".join(served.proc.said)
+    notes = json.loads(cli("read-notes", "--session-id", session, "--json").stdout)["notes"]
+    assert [n["text"] for n in notes] == ["x"]
+
+
 def test_read_only_and_unpinned_tokens_on_the_page(served, cli):
     session = json.loads(cli("start", "--agent-id", "alice", "--json").stdout)["session_id"]
     viewer, team = served.token("viewer", "--read-only"), served.token("team")
@@ -179,3 +213,41 @@ def test_an_open_page_with_nothing_changing_hears_no_change(served, cli):
     # that fed itself would have refetched dozens of times in this window
     assert len([at for at in changes if at < quiet_until]) <= 1, changes
     stop.set()
+
+
+def test_a_revoked_tokens_open_event_stream_ends(served, cli):
+    """Revocation applies from the next request (§13); an event stream is one long request, and kept telling
+    a revoked page each time the store changed. It now ends at the first change after the revocation."""
+    token = served.token("laptop", "--read-only")
+    lines: list[str] = []
+    hello, ended = threading.Event(), threading.Event()
+
+    def page():
+        with httpx2.Client(base_url=served.url, timeout=30) as http:
+            with http.stream("GET", "/events", headers={"authorization": f"Bearer {token}"}) as stream:
+                for line in stream.iter_lines():
+                    lines.append(line)
+                    hello.set()
+        ended.set()
+
+    threading.Thread(target=page, daemon=True).start()
+    assert hello.wait(10)
+    assert cli("tokens", "revoke", "laptop").returncode == 0
+    assert cli("start", "--agent-id", "alice").returncode == 0  # news the revoked page must not hear
+    assert ended.wait(LIVE_S + 5), lines  # (the revocation's own write may be told before it is seen)
+
+
+def test_a_config_broken_while_serving_is_an_error_answer_not_a_500(served, cli):
+    """synapolis.json is re-read per request; broken under a running server, /api/status and /api/dashboard
+    raised the UsageError out of the app (500, a traceback in the server's log); /api/post answers it."""
+    session = json.loads(cli("start", "--agent-id", "alice", "--json").stdout)["session_id"]
+    token = served.token("carol", "--agent", "carol")
+    (served.state_dir / "synapolis.json").write_text("{broken")
+    auth = {"authorization": f"Bearer {token}"}
+    with httpx2.Client(base_url=served.url, timeout=10, headers=auth) as http:
+        for answer in (http.get("/api/status"), http.get("/api/dashboard"),
+                       http.post("/api/post", data={"kind": "note", "session_id": session, "text": "x"})):
+            assert answer.status_code == 400, answer.text
+            assert answer.json()["error"]["type"] == "UsageError" and "synapolis.json" in answer.json()["error"]["message"]
+    time.sleep(0.5)  # the server's log is read as it comes
+    assert "Traceback" not in "".join(served.proc.said)

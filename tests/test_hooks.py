@@ -161,6 +161,25 @@ def test_a_resumed_conversation_takes_its_slot_back_at_once(hws):
     assert json.loads(hws.paths.hook_state(first["agent_id"]).read_text())["run_token"] == token
 
 
+@pytest.mark.parametrize("damaged", [{"agent_id": "../../x", "session_id": "../y", "run_token": 5},
+                                     {"agent_id": 5, "session_id": "s", "run_token": "t"},
+                                     {"agent_id": "a", "session_id": "s", "run_token": {"x": 1}},
+                                     {"agent_id": "a", "session_id": ["s"], "run_token": " "}])
+def test_a_damaged_state_file_is_forgotten_as_an_unparseable_one_is(hws, damaged):
+    """A state whose identity breaks the rules failed every later hook call of the conversation (a
+    UsageError each time, nothing delivered); now the conversation registers afresh, once."""
+    me = run(hws, "claude-code", "SessionStart")["agent_id"]
+    hws.paths.hook_state(me).write_text(json.dumps(damaged))
+    calls = [hooks.handle("claude-code", json.dumps(event("claude-code", PROMPT["claude-code"])), state_dir=hws.root,
+                          env={}) for _ in range(2)]
+    assert [p for p in calls[0]["problems"] if "registered by someone else" not in p] == []
+    assert calls[1]["problems"] == [] and calls[1]["agent_id"] == calls[0]["agent_id"]
+    state = json.loads(hws.paths.hook_state(me).read_text())
+    assert state["agent_id"] == calls[0]["agent_id"] and isinstance(state["run_token"], str)
+    listed = [a["id"] for a in actions.list_agents(hws, Who(None, state["session_id"]), env={})["agents"]]
+    assert calls[0]["agent_id"] in listed
+
+
 def test_a_conversations_index_entry_names_its_state_and_a_planted_one_is_not_followed(hws):
     """harness.quiet's index (hooks/conversations/) saves the hash on later calls; it points at the state
     file, which says whose it is: an entry naming another conversation's state is ignored, and the hook acts

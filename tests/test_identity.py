@@ -65,6 +65,25 @@ def test_read_only_verbs_act_as_nobody_when_ambiguous(start_agent, ws):
     assert [s["content"] for s in as_bob["pending_signals"]] == ["hi"]
 
 
+def test_a_session_removed_under_identity_json_leaves_readers_reading_as_nobody(start_agent, ws, cli):
+    """identity.json names an agent of a session since deleted (a clean-up of old sessions): its run token
+    is proven nowhere, so every reader failed with "wrong run token" (exit 7). They read as nobody; a verb
+    that acts still says the session is gone (exit 6), and a token a caller presents is still checked."""
+    import shutil
+
+    gone = start_agent("bob")["session_id"]
+    assert json.loads(ws.paths.identity.read_text())["session_id"] == gone
+    shutil.rmtree(ws.paths.session_dir(gone))
+    assert actions.list_agents(ws, env={}, now=NOW)["agents"] == []
+    assert actions.read_notes(ws, env={}, now=NOW)["notes"] == []
+    assert actions.whiteboard_read(ws, env={}, now=NOW)["entries"] == []
+    for verb in ("list-agents", "read-notes", "whiteboard-read"):
+        done = cli(verb, state=ws.root)
+        assert done.returncode == 0, done.stderr
+    assert cli("note", "x", state=ws.root).returncode == 6
+    assert cli("list-agents", "--agent-id", "bob", "--run-token", "nope", state=ws.root).returncode == 7
+
+
 def test_no_identity_at_all(ws):
     with pytest.raises(NoIdentityError):
         identity.resolve(ws, Who(), env={})

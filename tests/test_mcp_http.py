@@ -208,6 +208,36 @@ def test_pinned_token_cannot_act_as_another_agent(served, cli):
     assert json.loads(cli("claims", "--json").stdout)["claims"] == []
 
 
+def test_only_an_inboxs_own_agent_is_told_of_its_news(served, cli):
+    """A subscription tells its holder each time a signal arrives for that inbox: a token pinned to alice,
+    or a read-only one, may not watch bob's (either way of subscribing), only alice's own and the notes."""
+    session = json.loads(cli("start", "--agent-id", "bob", "--json").stdout)["session_id"]
+    alice, viewer = served.token("alice", "--agent", "alice"), served.token("viewer", "--read-only")
+    bobs, notes = inbox_uri(session, "bob"), notes_uri(session)
+
+    async def main():
+        for token, allowed in ((alice, [inbox_uri(session, "alice"), inbox_uri(session, "alice.helper"), notes]),
+                               (viewer, [notes])):
+            refused = [bobs] + ([inbox_uri(session, "alice")] if token == viewer else [])
+            async with mcp_http_client(served.url, token) as c:
+                for uri in refused:
+                    with pytest.raises(MCPError) as err:
+                        await c.session.subscribe_resource(uri)
+                    assert "ForbiddenError (exit 7)" in str(err.value)
+                for uri in allowed:
+                    await c.session.subscribe_resource(uri)
+            async with mcp_http_client(served.url, token, MODERN) as m:
+                for uri in refused:
+                    with pytest.raises(MCPError) as err:
+                        async with m.listen(resource_subscriptions=[notes, uri]):
+                            pass
+                    assert "ForbiddenError (exit 7)" in str(err.value)
+                async with m.listen(resource_subscriptions=allowed):
+                    pass
+
+    run(main)
+
+
 def test_read_only_token_reads_and_never_writes(served, cli):
     started = json.loads(cli("start", "--agent-id", "alice", "--json").stdout)
     session = started["session_id"]
@@ -322,6 +352,25 @@ def test_serve_refuses_a_wide_address_without_tokens_and_warns_over_plain_http(s
         proc.wait(timeout=10)
     said = "".join(proc.said)
     assert "warning" in said and "TLS" in said
+
+
+def test_serve_that_cannot_listen_says_why_in_one_line(served, cli, tmp_path):
+    """A port another process holds, an address not this machine's, a certificate that is not one: uvicorn
+    failed inside the server's task group, which printed an ExceptionGroup traceback and exited 3 (or said
+    'InternalError: unexpected ExceptionGroup'). Now one line and the contract's exit code."""
+    cli("tokens", "create", "t")
+    taken = served.url.rsplit(":", 1)[1]
+    not_pem = tmp_path / "not.pem"
+    not_pem.write_text("not a certificate\n")
+    for args, code, words in ((("--port", taken), 3, "another process listens"),
+                              (("--host", "192.0.2.1", "--port", "0"), 2, "cannot listen on 192.0.2.1"),
+                              (("--port", "0", "--certfile", str(not_pem), "--keyfile", str(not_pem)), 2,
+                               "not a certificate")):
+        done = cli("serve", *args, timeout=30)
+        assert done.returncode == code, (args, done.stderr)
+        assert "Traceback" not in done.stderr and words in done.stderr.splitlines()[-1], done.stderr
+        assert [line for line in done.stderr.splitlines() if line.startswith("synapolis: ")] == \
+            [done.stderr.splitlines()[-1]]
 
 
 def test_tls_with_certfile_and_keyfile(state_dir, cli, tmp_path):

@@ -216,7 +216,24 @@ def load_state(ws, agent_id: str) -> dict:
     from ..atomic import read_json_or
 
     document = read_json_or(ws.files.hook_state(agent_id), {})  # a str: no pathlib on every hook call
-    return document if isinstance(document, dict) else {}
+    return document if isinstance(document, dict) and _well_formed(document) else {}
+
+
+def _well_formed(state: dict) -> bool:
+    """Whether a saved state's identity is one a hook can act with: a damaged or hand-edited file (an id
+    that breaks the rules, a token that is not text) is forgotten as an unparseable one is, and the
+    conversation registers afresh; kept, it failed every hook call of the conversation from then on."""
+    from ..errors import UsageError
+    from ..names import validate_agent_id, validate_session_id
+
+    try:
+        for key, check in (("agent_id", validate_agent_id), ("session_id", validate_session_id)):
+            if state.get(key) is not None:
+                check(state[key])
+    except UsageError:
+        return False
+    token = state.get("run_token")
+    return token is None or (isinstance(token, str) and bool(token.strip()))
 
 
 def save_state(ws, agent_id: str, document: dict) -> None:

@@ -73,8 +73,9 @@ MAX_REMEMBERED = 10_000  # HTTP sessions whose identity one server remembers (th
 
 
 def principal_of(ctx) -> Principal:
-    """The principal of the request `ctx` belongs to: LOCAL over stdio (and in-process), else the HTTP token."""
-    request = getattr(getattr(ctx, "request_context", None), "request", None) if ctx is not None else None
+    """The principal of the request `ctx` belongs to (a tool's Context, or a low-level handler's or middleware's
+    request context): LOCAL over stdio (and in-process), else the HTTP token."""
+    request = getattr(getattr(ctx, "request_context", ctx), "request", None) if ctx is not None else None
     if request is None:
         return LOCAL
     principal = getattr(request, "scope", {}).get(PRINCIPAL_KEY)
@@ -190,6 +191,19 @@ class ServerState:
         same_session = session_id in (None, mem.session_id)
         return Who(mem.agent_id, session_id or mem.session_id,
                    run_token or (mem.run_token if same_session else None), named_only=principal.remote)
+
+    def check_may_watch(self, ctx, uri: str) -> None:
+        """May this client be told of changes to `uri`? An inbox's news (a signal arrived for that agent) is
+        the inbox's to hear, as its content is: a read-only token reads no inbox, and a token pinned to an
+        agent watches only that agent's and its sub-agents'. ForbiddenError otherwise; UsageError for a URI
+        that is not ours. Notes are everyone's to read, and so to watch."""
+        kind, _session_id, agent_id = watch.parse_uri(uri)
+        principal = principal_of(ctx)
+        if kind != "inbox" or not principal.remote:
+            return
+        if principal.read_only:
+            raise ForbiddenError(f"token {principal.name} is read-only: it watches no inbox")
+        principal.acting_as(agent_id)
 
     def keep_open(self, ws, session_id: str | None) -> None:
         """Hold a connection to a session this server works in, for the server's life (LongLived.hold).

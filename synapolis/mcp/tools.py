@@ -17,7 +17,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .. import actions, agent_call
-from ..errors import BusyError, SynapolisError
+from ..errors import BusyError, ForbiddenError, SynapolisError
 from . import watch
 from .live import NoWait, not_waiting
 from .errors import error_line, resource_error
@@ -321,6 +321,7 @@ def register_subscriptions(server, state: ServerState) -> None:
         uri = str(params.uri)
         key = client_key(ctx)
         try:
+            state.check_may_watch(ctx, uri)
             await state.subscribe(uri, key)
         except SynapolisError as exc:
             raise MCPError(types.INVALID_PARAMS, error_line(exc), data={"uri": uri}) from None
@@ -340,6 +341,15 @@ def register_subscriptions(server, state: ServerState) -> None:
             uris = list(params.notifications.resource_subscriptions or ())
         except ValidationError:
             return await call_next(ctx)  # the SDK answers the malformed request
+        for uri in uris:
+            try:
+                state.check_may_watch(ctx, uri)
+            except ForbiddenError as exc:
+                # refused outright: the SDK's bus would send this stream whatever is published for the URI
+                # (another client's subscription to it), whether or not we watch it for this one
+                raise MCPError(types.INVALID_PARAMS, error_line(exc), data={"uri": uri}) from None
+            except SynapolisError:
+                pass  # not ours: honored by the SDK and never fires, as the protocol says
         holder = ("listen", object())
         watched = []
         try:

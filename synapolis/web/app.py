@@ -14,6 +14,7 @@ import secrets
 from contextlib import asynccontextmanager
 from hashlib import sha256
 from pathlib import Path
+from urllib.parse import parse_qsl
 
 import anyio
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
@@ -31,6 +32,9 @@ from ..tokens import TokenBook, digest
 COOKIE = "synapolis_token"
 KEEPALIVE_S = 15.0
 _HTTP_STATUS = {1: 500, 2: 400, 3: 409, 4: 400, 5: 429, 6: 404, 7: 403, 8: 503}
+FORM_TYPE = "application/x-www-form-urlencoded"  # what the login form and the page's posts send
+LOGIN_BODY_MAX = 16 * 1024  # a sign-in carries one token (~50 characters)
+FORM_FIELDS_MAX = 64
 _PAGE = Path(__file__).with_name("dashboard.html")
 _LOGIN = Path(__file__).with_name("login.html")
 
@@ -81,22 +85,30 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
     async def api_status(request: Request) -> Response:
         if signed_in(request) is None:
             return _refused()
-        return JSONResponse(await anyio.to_thread.run_sync(lambda: overview.collect(state.workspace())))
+        try:
+            return JSONResponse(await anyio.to_thread.run_sync(lambda: overview.collect(state.workspace())))
+        except SynapolisError as exc:  # a synapolis.json broken since the server started, a store away
+            return _error(exc)
 
     async def api_dashboard(request: Request) -> Response:
         who = signed_in(request)
         if who is None:
             return _refused()
         record, token, _ = who
-        data = await anyio.to_thread.run_sync(collect)
+        try:
+            data = await anyio.to_thread.run_sync(collect)
+        except SynapolisError as exc:
+            return _error(exc)
         data["me"] = {"token": record["name"], "agent_id": record.get("agent_id"),
                       "read_only": bool(record.get("read_only")), "csrf": csrf_for(token)}
         data["changes"] = state.changes
         return JSONResponse(data, headers={"cache-control": "no-store"})
 
     async def events(request: Request) -> Response:
-        if signed_in(request) is None:
+        who = signed_in(request)
+        if who is None:
             return _refused()
+        token = who[1]
 
         async def stream():
             seen = state.changes
@@ -104,6 +116,8 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
             while True:
                 now = await state.next_change(seen, KEEPALIVE_S)
                 if await request.is_disconnected():
+                    return
+                if book.verify(token) is None:  # revoked while the page was open: the stream ends with it
                     return
                 if now == seen:
                     yield ": keepalive\n\n"
@@ -119,7 +133,14 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
         if who is None:
             return _refused()
         record, token, from_cookie = who
-        form = await request.form()
+        try:
+            content_max = int(state.workspace().config.max_content_bytes)
+        except SynapolisError as exc:  # a synapolis.json broken since the server started
+            return _error(exc)
+        # a note or a signal's content is at most max_content_bytes, each byte at most 3 when URL-encoded
+        form = await _read_form(request, 3 * content_max + LOGIN_BODY_MAX)
+        if isinstance(form, Response):
+            return form
         if from_cookie:  # a browser: the page's CSRF token, and no other site's origin
             origin = request.headers.get("origin")
             if not hmac.compare_digest(str(form.get("csrf") or ""), csrf_for(token)) or (
@@ -154,7 +175,9 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
         return HTMLResponse(_PAGE.read_text(encoding="utf-8"), headers=_PAGE_HEADERS)
 
     async def login(request: Request) -> Response:
-        form = await request.form()
+        form = await _read_form(request, LOGIN_BODY_MAX)
+        if isinstance(form, Response):
+            return form
         token = _field(form, "token").strip()
         if book.verify(token) is None:
             return HTMLResponse(_LOGIN.read_text(encoding="utf-8").replace(
@@ -215,6 +238,35 @@ _PAGE_HEADERS = {
                                "style-src 'self' 'unsafe-inline'; img-src 'self' data:; frame-ancestors 'none'",
     "x-content-type-options": "nosniff", "referrer-policy": "no-referrer", "cache-control": "no-store",
 }
+
+
+async def _read_form(request: Request, limit: int) -> dict | Response:
+    """The fields of a URL-encoded form body of at most `limit` bytes, else the refusal to answer with.
+
+    Not starlette's `request.form()`: before any token is checked (the sign-in), that parses multipart bodies
+    too, spooling each file part to a temporary file of any size, and keeps up to 1000 fields of 1 MB each
+    in memory: anyone who could reach the port could fill the server's disk or memory. Ours read at most
+    `limit` bytes, of the one type our pages send."""
+    kind = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if kind != FORM_TYPE:
+        return _bad_body(415, f"a form must be sent as {FORM_TYPE}")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return _bad_body(413, f"a form may be at most {limit} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return _bad_body(413, f"a form may be at most {limit} bytes")
+    try:
+        # as starlette decodes a form: bytes as latin-1, %-escapes as UTF-8 (an invalid one replaced)
+        return dict(parse_qsl(body.decode("latin-1"), keep_blank_values=True, max_num_fields=FORM_FIELDS_MAX))
+    except ValueError:
+        return _bad_body(400, f"a form may have at most {FORM_FIELDS_MAX} fields")
+
+
+def _bad_body(status: int, message: str) -> JSONResponse:
+    return JSONResponse(UsageError(message).to_json(), status_code=status)
 
 
 def _field(form, name: str) -> str:

@@ -36,13 +36,56 @@ def settle_garbage_collector() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+def check_can_listen(host: str, port: int, certfile=None, keyfile=None) -> None:
+    """Refuse, as one line, what would make uvicorn fail to start: a certificate and key that do not load
+    (UsageError), a host that does not resolve or is not this machine's, a port not ours to take
+    (UsageError), a port another process listens on (ConflictError). Uvicorn itself would log the cause,
+    then exit its task with SystemExit inside ours: a traceback and exit 3, or an InternalError naming an
+    ExceptionGroup. The addresses are bound as asyncio binds them (each one the host resolves to, reusing
+    the address, IPv6 only on IPv6), then let go for uvicorn."""
+    import errno
+    import socket
+
+    from ..errors import ConflictError, UsageError
+
+    if certfile is not None:
+        import ssl
+
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(certfile, keyfile)
+        except (ssl.SSLError, OSError) as exc:
+            raise UsageError(f"--certfile {certfile} and --keyfile {keyfile} are not a certificate (PEM) and "
+                             f"its key: {getattr(exc, 'strerror', None) or exc}") from None
+    shown = f"{host or '*'}:{port}"
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise UsageError(f"cannot listen on {shown}: {getattr(exc, 'strerror', None) or exc}") from None
+    for family, kind, proto, _name, address in dict.fromkeys(infos):
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == getattr(socket, "AF_INET6", None) and hasattr(socket, "IPV6_V6ONLY"):
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise ConflictError(f"cannot listen on {shown}: another process listens there "
+                                    "(pick another --port, or 0 for any free one)") from None
+            raise UsageError(f"cannot listen on {shown}: {exc.strerror or exc}") from None
+        finally:
+            sock.close()
+
+
 def run(state_dir, *, host: str, port: int, certfile=None, keyfile=None, loopback: bool = True,
         force_polling: bool = False) -> None:
     import anyio
     import uvicorn
 
+    from ..errors import UsageError
     from .app import create_app
 
+    check_can_listen(host, port, certfile, keyfile)
     tls = certfile is not None
     http, uvloop = http_stack()
     app = create_app(state_dir, loopback=loopback, secure=tls, force_polling=force_polling)
@@ -52,11 +95,19 @@ def run(state_dir, *, host: str, port: int, certfile=None, keyfile=None, loopbac
     server = uvicorn.Server(config)
     settle_garbage_collector()
 
+    failed = []
+
+    async def serve():
+        try:
+            await server.serve()
+        except SystemExit:  # uvicorn could not start after all (it logged why): taken between check and bind
+            failed.append(True)
+
     async def main():
         async with anyio.create_task_group() as tg:
-            tg.start_soon(server.serve)
+            tg.start_soon(serve)
             while not server.started:
-                if server.should_exit:
+                if server.should_exit or failed:
                     return
                 await anyio.sleep(0.02)
             bound = server.servers[0].sockets[0].getsockname()
@@ -66,3 +117,5 @@ def run(state_dir, *, host: str, port: int, certfile=None, keyfile=None, loopbac
                   f"(MCP at /mcp, dashboard at /; {http}{', uvloop' if uvloop else ''})", file=sys.stderr, flush=True)
 
     anyio.run(main, backend_options={"use_uvloop": uvloop})
+    if failed:
+        raise UsageError(f"cannot listen on {host or '*'}:{port} (the line above says why)")
