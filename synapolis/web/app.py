@@ -85,20 +85,14 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
     async def api_status(request: Request) -> Response:
         if signed_in(request) is None:
             return _refused()
-        try:
-            return JSONResponse(await anyio.to_thread.run_sync(lambda: overview.collect(state.workspace())))
-        except SynapolisError as exc:  # a synapolis.json broken since the server started, a store away
-            return _error(exc)
+        return JSONResponse(await anyio.to_thread.run_sync(lambda: overview.collect(state.workspace())))
 
     async def api_dashboard(request: Request) -> Response:
         who = signed_in(request)
         if who is None:
             return _refused()
         record, token, _ = who
-        try:
-            data = await anyio.to_thread.run_sync(collect)
-        except SynapolisError as exc:
-            return _error(exc)
+        data = await anyio.to_thread.run_sync(collect)
         data["me"] = {"token": record["name"], "agent_id": record.get("agent_id"),
                       "read_only": bool(record.get("read_only")), "csrf": csrf_for(token)}
         data["changes"] = state.changes
@@ -133,10 +127,7 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
         if who is None:
             return _refused()
         record, token, from_cookie = who
-        try:
-            content_max = int(state.workspace().config.max_content_bytes)
-        except SynapolisError as exc:  # a synapolis.json broken since the server started
-            return _error(exc)
+        content_max = int(state.workspace().config.max_content_bytes)
         # a note or a signal's content is at most max_content_bytes, each byte at most 3 when URL-encoded
         form = await _read_form(request, 3 * content_max + LOGIN_BODY_MAX)
         if isinstance(form, Response):
@@ -162,11 +153,7 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
                                    content=_field(form, "content"), type=_field(form, "type") or "inform")
             return poster.post(record["name"], agent_id, session_id, note=_field(form, "text"))
 
-        try:
-            result = await anyio.to_thread.run_sync(post)
-        except SynapolisError as exc:
-            return _error(exc)
-        return JSONResponse(result)
+        return JSONResponse(await anyio.to_thread.run_sync(post))
 
     async def page(request: Request) -> Response:
         if signed_in(request) is None:
@@ -210,7 +197,10 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
         Route("/logout", logout, methods=["POST"]),
         Route("/", page),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan)
+    # a verb's refusal, a synapolis.json broken since the server started, a store away: the error's JSON with
+    # its HTTP status, in one place for every route (/mcp answers its own errors)
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={SynapolisError: lambda _request, exc: _error(exc)})
     app.state.synapolis = state
     return TeamApp(app, mcp)
 
