@@ -121,11 +121,9 @@ def bench_sends(tmp: Path, url: str, count: int, chunk: int = 20, pinned: bool =
     store = open_session(ws, sid)
     # the floor of any client: the send's own three statements (BEGIN; SELECT synapolis_send(...); COMMIT) from
     # bare psycopg with fixed arguments, none of synapolis's Python around them (checks, id, audience, clock)
-    from synapolis.store.postgres import NOTIFY_CHANNEL, _key, _text_array
+    from synapolis.store.postgres import NOTIFY_CHANNEL, SEND_CALL, _key, _text_array
 
     bare = psycopg.connect(url)
-    bare_call = ("SELECT synapolis_send(%s, %s, %s, %s, %s, %s, %s, %s, %s::text[], %s::float8, %s::float8, "
-                 "%s, %s, %s::int8) AS out")
     rounds = max(count // chunk, 5)
     rates = {"raw": [], "store": [], "composed": [], "verb": [], "bare": []}
     kept = None
@@ -160,7 +158,7 @@ def bench_sends(tmp: Path, url: str, count: int, chunk: int = 20, pinned: bool =
         started = time.perf_counter()
         for _i in range(chunk):
             n += 1
-            bare.execute(bare_call, (sid, f"{n:064x}", "2030-01-01T00:00:00.000000Z", "sender", "sink", "inform",
+            bare.execute(SEND_CALL, (sid, f"{n:064x}", "2030-01-01T00:00:00.000000Z", "sender", "sink", "inform",
                                      f"bare {n}", "sender", _text_array(["sink"]), float(10 ** 6), time.time(),
                                      _key(sid, "signals"), NOTIFY_CHANNEL, None))
             bare.commit()

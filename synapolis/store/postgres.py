@@ -316,6 +316,10 @@ _UNREAD = (" AND NOT EXISTS (SELECT 1 FROM signal_reads r WHERE r.session_id = s
            "AND r.signal_id = s.id AND r.agent_id = %s)")
 _UNDELIVERED = (" AND NOT EXISTS (SELECT 1 FROM signal_deliveries d WHERE d.session_id = s.session_id "
                 "AND d.signal_id = s.id AND d.agent_id = %s)")
+# a send in one call (Transaction.send_signal): session, id, timestamp, sender, recipient, type, content, caller,
+# candidates, rate, moment, insert lock key, NOTIFY channel, reserved sequence
+SEND_CALL = ("SELECT synapolis_send(%s, %s, %s, %s, %s, %s, %s, %s, %s::text[], %s::float8, %s::float8, %s, %s, "
+             "%s::int8) AS out")
 _LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 _TRY_LOCK = "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0)) AS got"
 
@@ -513,8 +517,7 @@ class PostgresTransaction(base.Transaction):
         return sequence
 
     def send_signal(self, signal, *, caller, candidates, rate, moment):
-        out = self._one("SELECT synapolis_send(%s, %s, %s, %s, %s, %s, %s, %s, %s::text[], %s::float8, %s::float8, "
-                        "%s, %s, %s::int8) AS out",
+        out = self._one(SEND_CALL,
                         (self.session_id, signal["id"], signal["timestamp"], signal["sender"], signal["recipient"],
                          signal["type"], signal["content"], caller, _text_array(candidates), rate, moment,
                          _key(self.session_id, "signals"), NOTIFY_CHANNEL, self._reserved))["out"]
