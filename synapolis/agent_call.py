@@ -11,7 +11,7 @@ from .errors import ForbiddenError, NoIdentityError, NotFoundError, SynapolisErr
 from .heartbeat import write_heartbeat
 from .identity import Who
 from .sessions import agent_row, each_store, registry_status, ts
-from .store import clock, open_session, store_for
+from .store import clock, lend_session, store_for
 from .timeutil import format_ts
 
 
@@ -219,8 +219,9 @@ class as_agent:
     it); every verb that acts as an agent is checked alike, since each refreshes the caller's
     heartbeat and hands out its signals. `live` (a synapolis.mcp.live.LongLived; default: the one
     `long_lived` set, normally none) reuses what a long-lived process keeps and may coalesce a pure
-    refresh; without it every call resolves, opens and writes afresh. The session's store stays open for
-    the body and is left with its outcome. (A class, as atomic.locked: contextlib, which would make this
+    refresh; without it every call resolves and writes afresh, and borrows its session's store from the
+    process's pool (store.lend_session). The session's store stays open for the body and is left with its
+    outcome. (A class, as atomic.locked: contextlib, which would make this
     a generator, stays off the hot verbs' imports.)
     """
 
@@ -230,7 +231,7 @@ class as_agent:
         self.ws, self.who, self.env, self.now, self.live = ws, who, env, now, live
         self.piggyback, self.method, self.mutation = piggyback, method, mutation
         self.required, self.need_session, self.need_registration = required, need_session, need_registration
-        self.opened = None  # the session store's context (open_session's store, or the LongLived's pool)
+        self.opened = None  # the session store's loan (the process's pool, or the LongLived's)
         self.call: AgentCall | None = None
 
     def __enter__(self) -> AgentCall | None:
@@ -244,7 +245,7 @@ class as_agent:
         store = row = None
         if caller.session_id is not None:
             try:
-                opened = live.store(ws, caller.session_id) if live is not None else open_session(ws, caller.session_id)
+                opened = (live.store if live is not None else lend_session)(ws, caller.session_id)
                 store = opened.__enter__()
             except NotFoundError:
                 if required:  # a session that was named (or remembered) but does not exist

@@ -17,10 +17,12 @@ def utcnow() -> datetime:
 def format_ts(moment: datetime, micro: bool = False) -> str:
     """RFC 3339 in UTC with a `Z`; seconds precision unless `micro`."""
     moment = moment.astimezone(UTC)
-    if micro:
-        return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ") if moment.microsecond == 0 else \
-        moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    # %-formatting, not strftime: half the time on every verb's path (three or four stamps a signal), and
+    # always four digits of year (glibc's strftime writes year 5 as "5")
+    fields = (moment.year, moment.month, moment.day, moment.hour, moment.minute, moment.second)
+    if micro or moment.microsecond:
+        return "%04d-%02d-%02dT%02d:%02d:%02d.%06dZ" % (*fields, moment.microsecond)
+    return "%04d-%02d-%02dT%02d:%02d:%02dZ" % fields
 
 
 def now_ts(micro: bool = False) -> str:

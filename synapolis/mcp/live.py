@@ -14,7 +14,7 @@ from ..config import Config
 from ..errors import BusyError, SynapolisError
 from ..identity import Who
 from ..sessions import registry_status, ts
-from ..store import store_for
+from ..store.pool import SessionPool
 from ..workspace import Workspace
 
 COALESCE_S = 1.0  # a pure refresh within this long of this process's last write of it is skipped
@@ -114,20 +114,16 @@ class LongLived:
     repeat per call what did not change: session stores held open, resolved callers, its own recent refreshes.
 
     Turned on per verb with `agent_call.as_agent(..., live=...)` or `with agent_call.long_lived(live):`; only
-    `synapolis mcp` does. The CLI and hooks never do, so they resolve, open and refresh everything on every call. Thread-safe:
-    the SDK runs tools on worker threads; each verb gets a store of its own from the pool.
+    `synapolis mcp` does. Other processes resolve and refresh everything on every call and borrow stores from
+    the process's smaller pool (store.lend_session). Thread-safe: the SDK runs tools on worker threads; each
+    verb gets a store of its own from the pool.
     """
 
     def __init__(self, window_s: float = COALESCE_S, max_sessions: int = 16, idle_per_session: int = 4):
-        import threading
-
         agent_call.enable_long_lived()  # before any verb runs in this process (the server builds one at start)
 
         self.window_s = window_s
-        self.max_sessions = max_sessions
-        self.idle_per_session = idle_per_session
-        self._lock = threading.Lock()
-        self._pools: dict = {}  # (root, session_id) -> [(store, db signature)] idle
+        self.pool = SessionPool(max_sessions, idle_per_session)  # session stores held open
         self._callers: dict = {}  # everything a resolution read -> Caller
         self._refreshes: dict = {}  # (root, agent_id, session_id) -> what this process last wrote
         self._ensured: dict = {}  # root -> when ws.ensure() last ran
@@ -167,66 +163,32 @@ class LongLived:
 
     @contextlib.contextmanager
     def store(self, ws, session_id: str):
-        """A store for one verb: an idle one from the pool when its database is still the same file, else
-        a new one (NotFoundError for a missing session, as open_session). Back to the pool after. Inside
+        """A store for one verb, from this process's pool (store.pool.SessionPool: an idle one when its
+        database is still the same file, else a new one; NotFoundError for a missing session). Inside
         `not_waiting`, one that waits for no lock (the pool keeps both kinds)."""
         attempt = _NO_WAIT.get()
         if attempt is not None:
             ws = self._without_waiting(ws)
-        key = (os.fspath(ws.paths.root), session_id)
-        backend = store_for(ws)
-        now_sig = backend.session_signature(session_id)
-        wait_ms = int(ws.config.busy_timeout_ms)
-        store = None
-        stale = []
-        with self._lock:
-            idle = self._pools.get(key) or []
-            for index in range(len(idle) - 1, -1, -1):
-                candidate, sig_ = idle[index]
-                if sig_ != now_sig:
-                    stale.append(idle.pop(index)[0])
-                elif store is None and candidate.busy_timeout_ms == wait_ms:
-                    store = idle.pop(index)[0]
-        for candidate in stale:
-            candidate.close()
-        if store is None:
-            try:
-                store = backend.open_session(session_id)
-            except BusyError:
-                if attempt is not None:  # opening reads the schema's version: refused like any read
-                    attempt.blocked = True
-                raise
-            now_sig = backend.session_signature(session_id) or (None, None)
+        loan = self.pool.lend(ws, session_id)
+        try:
+            store = loan.__enter__()
+        except BusyError:
+            if attempt is not None:  # opening reads the schema's version: refused like any read
+                attempt.blocked = True
+            raise
         try:
             yield store if attempt is None else _NotWaitingStore(store, attempt)
-        except SynapolisError:
-            # a verb's refusal: store.read()/write() ended their transactions, the connection is sound
-            self._give_back(key, store, now_sig)
+        except BaseException as exc:
+            loan.__exit__(type(exc), exc, exc.__traceback__)
             raise
-        except BaseException:
-            store.close()  # anything else: the next verb gets a fresh connection
-            raise
-        self._give_back(key, store, now_sig)
-
-    def _give_back(self, key, store, signature) -> None:
-        with self._lock:
-            idle = self._pools.get(key)
-            if idle is None and len(self._pools) < self.max_sessions:
-                idle = self._pools[key] = []
-            if idle is not None and len(idle) < self.idle_per_session:
-                idle.append((store, signature))
-                return
-        store.close()
+        loan.__exit__(None, None, None)
 
     def hold(self, ws, session_id: str | None) -> None:
         """Keep one connection to a session this process works in (see docs/MCP.md): when the last
         connection to a WAL database closes, SQLite checkpoints and deletes the WAL, and the next opener,
         the CLI's and hooks' included, rebuilds its index."""
-        if not session_id:
+        if not session_id or self.pool.holds(ws, session_id):
             return
-        with self._lock:
-            if self._pools.get((os.fspath(ws.paths.root), session_id)):
-                return
         try:
             with self.store(ws, session_id):
                 pass
@@ -234,11 +196,7 @@ class LongLived:
             pass
 
     def close(self) -> None:
-        with self._lock:
-            pools, self._pools = list(self._pools.values()), {}
-        for idle in pools:
-            for store, _sig in idle:
-                store.close()
+        self.pool.close()
 
     # -- the heartbeat refresh --------------------------------------------------------------------
     def ensure(self, ws, now: datetime) -> None:

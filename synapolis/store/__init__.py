@@ -14,6 +14,7 @@ from .base import SessionStore as SessionStoreBase, Store, Transaction  # noqa: 
 from .sqlite import SCHEMA_VERSION, SessionStore, SqliteStore  # noqa: F401  (SessionStore: the SQLite one)
 
 ENV_STORE_URL = "SYNAPOLIS_STORE_URL"
+_KEPT = None  # the process's SessionPool (lend_session), made by the first verb that borrows a store
 _OPEN: dict = {}  # (root, url) -> Store: one per state directory and URL in a process
 _LONG_LIVED = False  # keep_connections() was called: a server store uses a pool
 
@@ -41,7 +42,9 @@ def store_for(ws) -> Store:
     url = store_url(ws)
     if not is_postgres_url(url):
         return SqliteStore(ws)
-    key = (ws.files.root, url, int(ws.config.busy_timeout_ms))
+    # the process is part of the key: a forked child (multiprocessing) must not talk over its parent's
+    # connection; it makes its own and leaves the parent's alone (close_all never closes another's)
+    key = (os.getpid(), ws.files.root, url, int(ws.config.busy_timeout_ms))
     store = _OPEN.get(key)
     if store is None:
         from .postgres import PostgresStore
@@ -65,8 +68,25 @@ def open_session(ws, session_id: str, create: bool = False) -> SessionStoreBase:
     return store_for(ws).open_session(session_id, create=create)
 
 
+def lend_session(ws, session_id: str):
+    """`with lend_session(ws, sid) as store:` the session's store for one verb, from the process's pool
+    (store/pool.py): a second verb of this process in the same session reuses its connection and its prepared
+    statements instead of opening the database again. Closed at the process's exit."""
+    global _KEPT
+    if _KEPT is None:
+        import atexit
+
+        from .pool import SessionPool
+
+        _KEPT = SessionPool()
+        atexit.register(_KEPT.close)
+    return _KEPT.lend(ws, session_id)
+
+
 def close_all() -> None:
-    """Close every store this process opened (connections to a database server)."""
-    while _OPEN:
-        _key, store = _OPEN.popitem()
-        store.close()
+    """Close every store this process opened (connections to a database server, pooled session stores)."""
+    if _KEPT is not None:
+        _KEPT.close()
+    pid = os.getpid()
+    for key in [key for key in _OPEN if key[0] == pid]:
+        _OPEN.pop(key).close()
