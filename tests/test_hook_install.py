@@ -194,6 +194,21 @@ def test_gemini_with_hooks_switched_off_gets_a_note(tmp_path, harness_home):
     assert any("trusted folder" in n for n in notes)  # and the trust step is named
 
 
+def test_install_into_a_missing_or_non_folder_project_dir_is_exit_2_and_nothing_is_made(cli, tmp_path):
+    missing = tmp_path / "no-such-project"
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a project")
+    for project in (missing, a_file):  # (uninstall there has nothing to take out: exit 0, as test above)
+        done = cli("hooks", "install", "claude-code", "--project-dir", project, "--json")
+        assert done.returncode == 2, (project, done.stderr)
+        assert json.loads(done.stdout)["error"]["type"] == "UsageError"
+        assert str(project) in done.stderr and "Traceback" not in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
+    assert not missing.exists() and a_file.read_text() == "not a project"
+    with pytest.raises(UsageError, match="does not exist"):
+        hook_install.install("codex", missing)
+
+
 def test_unknown_harness_is_a_usage_error(tmp_path):
     with pytest.raises(UsageError):
         hook_install.install("vim", tmp_path)

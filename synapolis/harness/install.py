@@ -119,6 +119,16 @@ def settings_file(project_dir: Path | str, harness: str) -> Path:
     return Path(project_dir) / harness_spec(harness).settings_path
 
 
+def existing_project(project_dir: Path | str) -> Path:
+    """`project_dir`, which must be a folder that exists: UsageError (exit 2) otherwise, so a mistyped
+    --project-dir is said at once instead of a settings tree made (or searched) where no project is."""
+    folder = Path(project_dir)
+    if not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise UsageError(f"project directory {folder} {what}: --project-dir names the project's folder")
+    return folder
+
+
 def load_settings(path: Path) -> dict:
     """The settings document at `path` ({} when missing); UsageError (exit 2) when it is not a JSON object."""
     try:
@@ -260,7 +270,7 @@ def install(harness: str, project_dir: Path | str = ".", *, trust: bool = False,
     spec = harness_spec(harness)
     if trust and harness != "codex":
         raise UsageError("--trust is for codex: Claude Code and Gemini CLI keep no per-hook trust")
-    path = settings_file(project_dir, harness)
+    path = settings_file(existing_project(project_dir), harness)
     document = load_settings(path)
     merged, added, updated = merge_install(document, harness, path)
     if added or updated:
@@ -324,7 +334,7 @@ def uninstall(harness: str, project_dir: Path | str = ".") -> dict:
     """Take synapolis's own hook entries out of HARNESS's project settings file; everything else stays."""
     harness_spec(harness)
     path = settings_file(project_dir, harness)
-    if not path.exists():
+    if not path.exists():  # nothing there, not even the project: nothing of ours to take out (as `rm -f`)
         return {"harness": harness, "settings_file": str(path.absolute()), "removed": [], "changed": False}
     document = load_settings(path)
     cleaned, removed = merge_uninstall(document, harness, path)
