@@ -288,6 +288,44 @@ def test_revoked_token_is_refused_from_the_next_request(served, cli):
     assert listed == {"tokens": []}
 
 
+def test_a_revoked_tokens_open_push_streams_carry_nothing_more(served, cli):
+    """Revocation reaches the streams a client opened before it: no push of what changed after it."""
+    token = served.token("bob", "--agent", "bob")
+    other = served.token("carol", "--agent", "carol")
+
+    async def main():
+        seen = Inbox()
+        async with mcp_http_client(served.url, token, message_handler=seen) as b, \
+                mcp_http_client(served.url, other, MODERN) as m:
+            session = (await ok(b, "start_session"))["session_id"]
+            await anyio.to_thread.run_sync(lambda: cli("start", "--agent-id", "alice", "--session-id", session))
+            mine = inbox_uri(session, "bob")
+            await b.session.subscribe_resource(mine)
+            async with m.listen(resource_subscriptions=[notes_uri(session)]) as stream:
+                done = await anyio.to_thread.run_sync(lambda: cli("signal", "bob", "one", "--agent-id", "alice"))
+                assert done.returncode == 0, done.stderr
+                await seen.wait_for(mine, DEADLINE_S)  # the standing GET stream works before
+                assert cli("note", "first", "--agent-id", "alice", "--session-id", session).returncode == 0
+                with anyio.fail_after(DEADLINE_S):
+                    assert (await stream.__anext__()).uri == notes_uri(session)  # and so does the listen one
+                pushed = len(seen.uris)
+                for name in ("bob", "carol"):
+                    assert cli("tokens", "revoke", name).returncode == 0
+                assert cli("signal", "bob", "two", "--agent-id", "alice").returncode == 0
+                assert cli("note", "second", "--agent-id", "alice", "--session-id", session).returncode == 0
+                with anyio.move_on_after(PUSH_S + 1.0):
+                    try:
+                        event = await stream.__anext__()
+                    except Exception:  # noqa: BLE001 - the stream ended: what must happen
+                        event = None
+                    else:
+                        pytest.fail(f"a revoked token's listen stream carried {event}")
+                await anyio.sleep(0.5)  # the GET stream had as long
+                assert len(seen.uris) == pushed, seen.uris[pushed:]
+
+    run(main)
+
+
 def test_tokens_are_stored_as_hashes_private_and_last_used(served, cli):
     token = served.token("laptop", "--agent", "alice")
     path = served.state_dir / "tokens.json"

@@ -71,6 +71,7 @@ class BearerGate:
         # the SDK's session ownership compares this: one token's MCP session is not another's
         scope["user"] = AuthenticatedUser(AccessToken(token="-", client_id=f"synapolis-token:{record['name']}",
                                                       scopes=[]))
+        send = self._streams_end_when_revoked(scope, send)
         if self.on_end is None or scope.get("method") != "DELETE":
             return await self.app(scope, receive, send)
         status = []
@@ -84,6 +85,33 @@ class BearerGate:
         session_id = _header(scope.get("headers") or [], MCP_SESSION_ID_HEADER)
         if session_id and status and status[0] < 400:  # the SDK ended it (a stranger's DELETE is a 404)
             self.on_end(("http", session_id))
+
+
+    def _streams_end_when_revoked(self, scope, send):
+        """`send`, for a response that streams (the standing GET stream, a 2026-07-28 listen stream): each
+        event it carries is sent only while the request's token is still valid. Revocation
+        applies from the next request (§13), and a stream is one request that lasts: once the token is
+        revoked (or tokens.json changed to refuse it) the stream is ended before the next push or keepalive,
+        which would tell a revoked holder what changed. Ending the response also ends the SDK's side: the
+        server's receive() answers http.disconnect once the response is complete."""
+        presented = bearer(scope.get("headers") or [])
+        state = {"streaming": False, "ended": False}
+        book = self.book
+
+        async def send_while_valid(message):
+            if state["ended"]:
+                return  # the stream was ended: what the SDK still writes goes nowhere
+            kind = message["type"]
+            if kind == "http.response.start":
+                state["streaming"] = any(name.lower() == b"content-type" and value.startswith(b"text/event-stream")
+                                         for name, value in message.get("headers") or [])
+            elif state["streaming"] and message.get("more_body") and book.verify(presented) is None:
+                state["ended"] = True
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
+            await send(message)
+
+        return send_while_valid
 
 
 def session_manager(server, *, loopback: bool) -> StreamableHTTPSessionManager:
