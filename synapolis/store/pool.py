@@ -32,20 +32,23 @@ class SessionPool:
 
     def holds(self, ws, session_id: str) -> bool:
         """Whether an idle store of the session is kept."""
+        self._own()
         with self._lock:
             return bool(self._idle.get((ws.files.root, session_id)))
 
     def _own(self) -> None:
-        """Forget (without closing) stores a parent process opened, the first time a forked child gets here."""
+        """Forget (without closing) stores a parent process opened, the first time a forked child gets here
+        (called before taking the lock: one a parent's thread held at the fork would never be released)."""
         if self._pid != os.getpid():
             self._inherited.append(self._idle)
+            self._lock = _thread.allocate_lock()
             self._idle, self._pid = {}, os.getpid()
 
     def _take(self, backend, key, signature, wait_ms: int):
         """An idle store of `key` still on `signature` with `wait_ms`, or None; the stale ones are closed."""
         store, stale = None, []
+        self._own()
         with self._lock:
-            self._own()
             idle = self._idle.pop(key, None)
             if idle is not None:
                 for index in range(len(idle) - 1, -1, -1):
@@ -61,8 +64,8 @@ class SessionPool:
 
     def _give_back(self, key, store, signature) -> None:
         evicted = []
+        self._own()
         with self._lock:
-            self._own()
             idle = self._idle.get(key)
             if idle is None:
                 while len(self._idle) >= self.max_sessions and self._idle:
@@ -79,8 +82,8 @@ class SessionPool:
 
     def close(self) -> None:
         """Close every idle store (a process's exit; a server's shutdown)."""
+        self._own()
         with self._lock:
-            self._own()
             pools, self._idle = list(self._idle.values()), {}
         for idle in pools:
             for store, _sig in idle:
