@@ -75,3 +75,47 @@ def test_stdio_subscriber_hears_a_cli_signal(state_dir, cli, tmp_path, mode):
 
     anyio.run(main)
     assert "Traceback" not in errlog_path.read_text()
+
+
+@pytest.mark.parametrize("stdin_kind", ["pipe", "file"])
+def test_a_line_that_is_not_json_rpc_gets_a_json_rpc_error_and_the_server_goes_on(state_dir, tmp_path, stdin_kind):
+    """JSON-RPC 2.0 §5.1: text that is not JSON is -32700, JSON that is no message -32600, both with id null;
+    the next request is answered as if nothing had happened. Over a pipe (what harnesses give the server: the
+    loop's own I/O) and a file (the SDK's threaded stdio)."""
+    import select
+    import subprocess
+
+    from conftest import clean_env, synapolis_cmd
+
+    ping = {"jsonrpc": "2.0", "id": 7, "method": "ping"}
+    bad_lines = ["this is not json", '{"hello": "not a message"}', '{"jsonrpc": "2.0", "id": 3}', "[1, 2"]
+    expected_codes = [-32700, -32600, -32600, -32700]
+    if stdin_kind == "pipe":  # one line at a time, each answered before the next is sent (no EOF race)
+        proc = subprocess.Popen(synapolis_cmd(state_dir, "mcp"), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, env=clean_env(), text=True)
+        answers = []
+        try:
+            for line in [*bad_lines, json.dumps(ping)]:
+                proc.stdin.write(line + "\n")
+                proc.stdin.flush()
+                ready, _w, _x = select.select([proc.stdout], [], [], DEADLINE_S)
+                if not ready:
+                    pytest.fail(f"no answer within {DEADLINE_S} s to {line!r}")
+                answers.append(json.loads(proc.stdout.readline()))
+        finally:
+            proc.stdin.close()
+            if proc.wait(timeout=30) != 0:
+                pytest.fail(f"synapolis mcp exited {proc.returncode}")
+    else:  # the whole input at once from a file; the ping comes first, since requests in flight at EOF are not
+        # waited for (a client closes stdin when it is done)
+        source = tmp_path / "input.jsonl"
+        source.write_text("\n".join([json.dumps(ping), *bad_lines]) + "\n")
+        with open(source) as stdin:
+            done = subprocess.run(synapolis_cmd(state_dir, "mcp"), stdin=stdin, capture_output=True, text=True,
+                                  env=clean_env(), timeout=60)
+        assert done.returncode == 0, done.stderr
+        answers = [json.loads(line) for line in done.stdout.splitlines()]
+        answers = answers[1:] + answers[:1]  # the ping's answer to the end, as for the pipe
+    assert [a["error"]["code"] for a in answers[:-1]] == expected_codes
+    assert all(a["id"] is None and a["jsonrpc"] == "2.0" and a["error"]["message"] for a in answers[:-1])
+    assert answers[-1] == {"jsonrpc": "2.0", "id": 7, "result": {}}

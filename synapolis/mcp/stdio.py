@@ -19,10 +19,68 @@ async def serve(lowlevel_server, *, fast: bool = True) -> None:
 
     if fast and _pipes(0, 1):
         async with _pipe_stdio() as (stdin, stdout), stdio_server(stdin, stdout) as (read_stream, write_stream):
-            await lowlevel_server.run(read_stream, write_stream, lowlevel_server.create_initialization_options())
+            await lowlevel_server.run(AnsweringBadLines(read_stream, write_stream), write_stream,
+                                      lowlevel_server.create_initialization_options())
     else:
         async with stdio_server() as (read_stream, write_stream):
-            await lowlevel_server.run(read_stream, write_stream, lowlevel_server.create_initialization_options())
+            await lowlevel_server.run(AnsweringBadLines(read_stream, write_stream), write_stream,
+                                      lowlevel_server.create_initialization_options())
+
+
+class AnsweringBadLines:
+    """The SDK's stdio read stream, with each line that is not a JSON-RPC message answered as JSON-RPC 2.0
+    says (§5.1: id null; -32700 for text that is not JSON, -32600 for JSON that is not a request, response
+    or notification) instead of dropped unanswered, which is what the SDK's dispatcher does with them; so a
+    client that sent a broken line learns it at once rather than waiting on a request that never arrived.
+    Everything else passes through unchanged (the SDK's read-stream protocol: iteration, receive, close,
+    `last_context`)."""
+
+    def __init__(self, inner, write_stream):
+        self._inner, self._write = inner, write_stream
+
+    @property
+    def last_context(self):
+        return getattr(self._inner, "last_context", None)
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        return await self._next_message(self._inner.__anext__)
+
+    async def receive(self):
+        return await self._next_message(self._inner.receive)
+
+    async def _next_message(self, take):
+        """The next item `take` gives that is a message; each bad line before it answered."""
+        while True:
+            item = await take()
+            if not isinstance(item, Exception):
+                return item
+            await self._answer(item)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self):
+        await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc):
+        return await self._inner.__aexit__(*exc)
+
+    async def _answer(self, exc: Exception) -> None:
+        from mcp.shared.message import SessionMessage
+        from mcp.types import INVALID_REQUEST, PARSE_ERROR, ErrorData, JSONRPCError
+
+        errors = exc.errors() if callable(getattr(exc, "errors", None)) else []
+        not_json = any(e.get("type") == "json_invalid" for e in errors)
+        error = ErrorData(code=PARSE_ERROR, message="Parse error: the line is not JSON") if not_json else \
+            ErrorData(code=INVALID_REQUEST, message="Invalid Request: not a JSON-RPC 2.0 request, response or notification")
+        try:
+            await self._write.send(SessionMessage(JSONRPCError(jsonrpc="2.0", id=None, error=error)))
+        except anyio.ClosedResourceError:
+            pass  # the client went away: nobody to tell
 
 
 def _pipes(*fds: int) -> bool:
