@@ -18,11 +18,12 @@ from synapolis.errors import BusyError, NotFoundError
 from synapolis.identity import Who
 from synapolis.store import lend_session
 from synapolis.store.pool import SessionPool
+from synapolis.workspace import Workspace
 
-from conftest import configure, store_rows
+from conftest import configure, store_rows, wait_until
 
 
-def _session(ws, start_agent, *names):
+def _session(start_agent, *names):
     sid = start_agent(names[0])["session_id"]
     for name in names[1:]:
         start_agent(name, session_id=sid)
@@ -35,7 +36,7 @@ def _unread(ws, agent, sid) -> list[str]:
 
 
 def test_verbs_in_one_session_reuse_one_store(ws, start_agent):
-    sid = _session(ws, start_agent, "alice", "bob")
+    sid = _session(start_agent, "alice", "bob")
     with lend_session(ws, sid) as first:
         pass
     actions.signal(ws, Who("alice", sid), "bob", "one", env={})
@@ -48,7 +49,7 @@ def test_verbs_in_one_session_reuse_one_store(ws, start_agent):
 
 @pytest.mark.sqlite_only
 def test_a_replaced_database_is_reopened_not_written_through_the_old_connection(ws, start_agent):
-    sid = _session(ws, start_agent, "alice", "bob")
+    sid = _session(start_agent, "alice", "bob")
     db = ws.files.session_db(sid)
     saved = db + ".saved"
     with sqlite3.connect(db) as live, sqlite3.connect(saved) as copy:
@@ -69,7 +70,7 @@ def test_a_replaced_database_is_reopened_not_written_through_the_old_connection(
 
 @pytest.mark.sqlite_only
 def test_a_removed_session_is_missing_not_served_from_the_pool(ws, start_agent):
-    sid = _session(ws, start_agent, "alice", "bob")
+    sid = _session(start_agent, "alice", "bob")
     actions.signal(ws, Who("alice", sid), "bob", "kept?", env={})
     shutil.rmtree(os.path.dirname(ws.files.session_db(sid)))
     with pytest.raises(NotFoundError):
@@ -77,7 +78,7 @@ def test_a_removed_session_is_missing_not_served_from_the_pool(ws, start_agent):
 
 
 def test_a_crash_in_the_body_closes_the_store_a_refusal_keeps_it(ws, start_agent):
-    sid = _session(ws, start_agent, "alice")
+    sid = _session(start_agent, "alice")
     with pytest.raises(RuntimeError):
         with lend_session(ws, sid) as crashed:
             raise RuntimeError("boom")
@@ -114,12 +115,10 @@ def test_the_least_recently_used_session_is_closed_past_the_bound(ws, start_agen
 
 @pytest.mark.sqlite_only
 def test_a_changed_busy_timeout_gets_its_own_store(ws, start_agent):
-    sid = _session(ws, start_agent, "alice")
+    sid = _session(start_agent, "alice")
     with lend_session(ws, sid) as before:
         pass
     configure(ws, busy_timeout_ms=1234)
-    from synapolis.workspace import Workspace
-
     changed = Workspace.open(ws.root)
     with lend_session(changed, sid) as after:
         assert after is not before and after.busy_timeout_ms == 1234
@@ -127,8 +126,6 @@ def test_a_changed_busy_timeout_gets_its_own_store(ws, start_agent):
 
 def _child_borrows(ws_root, sid, parent_ids, out):
     from synapolis.store import store_for
-    from synapolis.workspace import Workspace
-
     ws = Workspace.open(ws_root)
     with lend_session(ws, sid) as store:
         # the parent's objects, inherited, have the same ids here: the session store, and on PostgreSQL the
@@ -140,7 +137,7 @@ def _child_borrows(ws_root, sid, parent_ids, out):
 @pytest.mark.skipif(sys.platform == "win32" or "fork" not in multiprocessing.get_all_start_methods(),
                     reason="fork is a POSIX start method")
 def test_a_forked_child_never_uses_its_parents_connection(ws, start_agent):
-    sid = _session(ws, start_agent, "alice", "bob")
+    sid = _session(start_agent, "alice", "bob")
     from synapolis.store import store_for
 
     with lend_session(ws, sid) as parents:
@@ -160,11 +157,9 @@ def test_a_forked_child_never_uses_its_parents_connection(ws, start_agent):
 
 @pytest.mark.sqlite_only
 def test_a_locked_database_is_refused_and_the_pooled_store_works_after(ws, start_agent, tmp_path):
-    sid = _session(ws, start_agent, "alice", "bob")
+    sid = _session(start_agent, "alice", "bob")
     actions.signal(ws, Who("alice", sid), "bob", "first", env={})  # the pool holds a store now
     configure(ws, busy_timeout_ms=200)
-    from synapolis.workspace import Workspace
-
     ws = Workspace.open(ws.root)
     actions.signal(ws, Who("alice", sid), "bob", "second", env={})  # a store with the new timeout, pooled
     ready = tmp_path / "locked"
@@ -175,8 +170,6 @@ def test_a_locked_database_is_refused_and_the_pooled_store_works_after(ws, start
         "pathlib.Path(sys.argv[2]).write_text('x')\n"
         "sys.stdin.read()\n"), ws.files.session_db(sid), str(ready)], stdin=subprocess.PIPE)
     try:
-        from conftest import wait_until
-
         wait_until(ready.exists, what="the lock holder")
         with pytest.raises(BusyError):
             actions.signal(ws, Who("alice", sid), "bob", "while locked", env={})
@@ -187,10 +180,8 @@ def test_a_locked_database_is_refused_and_the_pooled_store_works_after(ws, start
 
 
 def test_threads_sending_at_once_each_borrow_their_own(ws, start_agent):
-    sid = _session(ws, start_agent, "bob", *[f"t{i}" for i in range(6)])
+    sid = _session(start_agent, "bob", *[f"t{i}" for i in range(6)])
     configure(ws, rate_limit_per_min=10 ** 6)
-    from synapolis.workspace import Workspace
-
     ws = Workspace.open(ws.root)
     errors = []
 

@@ -44,7 +44,7 @@ class SessionPool:
             self._lock = _thread.allocate_lock()
             self._idle, self._pid = {}, os.getpid()
 
-    def _take(self, backend, key, signature, wait_ms: int):
+    def _take(self, key, signature, wait_ms: int):
         """An idle store of `key` still on `signature` with `wait_ms`, or None; the stale ones are closed."""
         store, stale = None, []
         self._own()
@@ -108,7 +108,7 @@ class Loan:
         # read before opening: a file replaced in between is kept under the old signature, which the next
         # verb finds changed (a reopen), never the other way round
         self.signature = backend.session_signature(session_id)
-        store = self.pool._take(backend, self.key, self.signature, int(ws.config.busy_timeout_ms))
+        store = self.pool._take(self.key, self.signature, int(ws.config.busy_timeout_ms))
         self.store = store if store is not None else backend.open_session(session_id)
         return self.store
 
