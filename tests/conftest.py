@@ -669,10 +669,14 @@ def fault_steps(out: subprocess.CompletedProcess) -> int:
 @pytest.fixture
 def harness_home(tmp_path, monkeypatch):
     """An empty home directory and no harness variables, so the user's own ~/.codex, ~/.gemini and
-    /etc/gemini-cli settings stay out of what is checked (and out of reach of what is written)."""
+    /etc/gemini-cli settings stay out of what is checked (and out of reach of what is written); and a
+    temporary folder of the test's own (TMPDIR), where a harness leaves its files (Gemini CLI writes an
+    error report to os.tmpdir() for each failed model call) instead of in the machine's /tmp."""
     path = tmp_path / "home"
     path.mkdir()
     monkeypatch.setenv("HOME", str(path))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     for name in ("CODEX_HOME", "GEMINI_CLI_HOME", "GEMINI_CLI_TRUST_WORKSPACE", "GEMINI_CLI_TRUSTED_FOLDERS_PATH",
                  "GEMINI_CLI_SYSTEM_DEFAULTS_PATH"):
         monkeypatch.delenv(name, raising=False)
