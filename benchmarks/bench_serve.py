@@ -185,8 +185,9 @@ async def round_trips(cmd, state: Path, env: dict, servers: dict, token: str, ag
 
 
 def ts_round_trips(cmd, state: Path, env: dict, server, token: str, agent: dict, calls: int, http_agent: str) -> dict | None:
-    """The TypeScript SDK's client (tests/clients/rtt.mjs), stdio and this server's HTTP alternating in blocks;
-    None where node or the client's packages are missing."""
+    """The TypeScript SDK's client (tests/clients/rtt.mjs), stdio and this server's HTTP alternating in blocks,
+    then (a run of its own, outside the server CPU measured per SDK call) node's fetch of the same server without
+    the SDK; None where node or the client's packages are missing."""
     node = shutil.which("node")
     if node is None or not (CLIENTS / "node_modules" / "@modelcontextprotocol" / "sdk").is_dir():
         return None
@@ -199,9 +200,16 @@ def ts_round_trips(cmd, state: Path, env: dict, server, token: str, agent: dict,
     times = json.loads(done.stdout.strip().splitlines()[-1])
     client_cpu = times.pop("_cpu", {})
     spent = server.cpu_s() - before if before is not None else None
+    floors = subprocess.run([node, "rtt.mjs", json.dumps(cmd), str(state), server.url, token, str(calls), str(BLOCK),
+                             json.dumps(identity), http_agent, "fetch"], cwd=CLIENTS, capture_output=True, text=True,
+                            env=env, timeout=600)
+    if floors.returncode != 0:
+        raise SystemExit(f"rtt.mjs fetch failed: {floors.stderr[-2000:]}")
+    fetched = json.loads(floors.stdout.strip().splitlines()[-1])["_fetch"]
     return {verb: {side: [ms / 1000 for ms in values] for side, values in sides.items()} for verb, sides in times.items()} \
         | {"_cpu_per_call": spent / (calls + 10) / len(times) if spent is not None else None,
-           "_client_cpu": {verb: (c["http"] / 1000, c["stdio"] / 1000) for verb, c in client_cpu.items()}}
+           "_client_cpu": {verb: (c["http"] / 1000, c["stdio"] / 1000) for verb, c in client_cpu.items()},
+           "_fetch": {name: ([ms / 1000 for ms in f["times"]], f["cpu"] / 1000) for name, f in fetched.items()}}
 
 
 def dashboard_latency(cmd, state: Path, env: dict, url: str, token: str, signals: int) -> dict:
@@ -377,6 +385,10 @@ def run(args) -> str:
         lines.append(f"| httpx2 | baseline: GET /healthz, a bare starlette route | {side} | "
                      f"{ms(statistics.median(values))} | {ms(pct(values, .99))} | - | - | - | {cpu_ms(server_cpu)} | "
                      f"{client_cpu * 1000:.2f} ms / - |")
+    for side, times in ts.items():
+        for name, (values, client_cpu) in ({} if times is None else times["_fetch"]).items():
+            lines.append(f"| node fetch, no SDK | baseline: {name} | {side} | {ms(statistics.median(values))} | "
+                         f"{ms(pct(values, .99))} | - | - | - | - | {client_cpu * 1000:.2f} ms / - |")
     met = [(c, v, s) for c, v, s, r in ratios if r <= 2.0 and s == "HTTP"]
     total = [r for r in ratios if r[2] == "HTTP"]
     lines += [
@@ -388,7 +400,10 @@ def run(args) -> str:
         + "The TypeScript client's server CPU is per call over all its verbs. The bare route is the floor of any "
         "call over HTTP on this server (a request through uvicorn and starlette, no MCP, no verb); what an MCP "
         "call adds over it is the SDK's streamable HTTP transport (a POST answered with JSON, session checks) "
-        "and the verb itself.",
+        "and the verb itself. The `node fetch, no SDK` rows are the TypeScript client's own floor: node's `fetch` "
+        "(what the SDK's transport posts with) asking the same server for the bare route, and posting a JSON-RPC "
+        "ping with the session's headers as the SDK does; where that ping costs what the SDK's does, the SDK adds "
+        "nothing to what its HTTP stack spends.",
         "",
         *floor_table(rt, ts.get("HTTP")),
         "",
