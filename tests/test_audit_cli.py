@@ -1,0 +1,51 @@
+"""The CLI attacked from outside, as a careless or hostile user or agent would: each case here once gave a
+wrong exit code, a traceback or a wrong answer; now it is the contract's one-line error and nothing is harmed.
+Every call is a real process of this install's console script."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from conftest import clean_env, console_script
+
+
+def synapolis(state_dir, *args, env=None, input=None, timeout=60):
+    cmd = [console_script("synapolis"), "--state-dir", str(state_dir), *map(str, args)]
+    return subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout, env=clean_env(env))
+
+
+def refused(result, code: int, type_name: str) -> str:
+    """Assert a one-line error of `type_name` with exit `code` and no traceback; the line."""
+    assert result.returncode == code, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"synapolis: {type_name}: "), result.stderr
+    return lines[0]
+
+
+# -- SYNAPOLIS_STORE_URL -----------------------------------------------------------------------------
+
+def test_a_store_url_that_is_neither_sqlite_nor_postgresql_is_a_usage_error(tmp_path):
+    state = tmp_path / "state"
+    assert synapolis(state, "start", "--agent-id", "alice").returncode == 0
+    session = json.loads((state / "identity.json").read_text())["session_id"]
+    bad = {"SYNAPOLIS_STORE_URL": "postgresq://swarm:s3cret@db.example/swarm"}  # a typo in the scheme
+    for args in (["beat", "--agent-id", "alice"], ["signal", "*", "hello", "--agent-id", "alice"],
+                 ["note", "hello", "--agent-id", "alice"], ["list-agents"], ["claim", "src/a.py", "--agent-id", "alice"]):
+        line = refused(synapolis(state, *args, env=bad), 2, "UsageError")
+        assert "SYNAPOLIS_STORE_URL" in line and "s3cret" not in line, line
+    # nothing went into the local store that the variable meant to replace
+    out = synapolis(state, "read-signals", "--all", "--agent-id", "alice", "--json")
+    assert json.loads(out.stdout)["signals"] == []
+    assert not (state / "sessions" / session / "notes.jsonl").exists()
+    assert list((state / "claims").iterdir()) == []
+    # the config's `store` key was already held to the same rule
+    assert synapolis(state, "beat", "--agent-id", "alice", env={"SYNAPOLIS_STORE_URL": "sqlite"}).returncode == 0
+    # doctor names it as a finding; a hook still exits 0 and says why on stderr
+    report = synapolis(state, "doctor", "--json", env=bad)
+    store = [f for f in json.loads(report.stdout)["findings"] if f["check"] == "store"]
+    assert store[0]["status"] == "fail" and "SYNAPOLIS_STORE_URL" in store[0]["message"], report.stdout
+    hook = synapolis(state, "hook", "claude-code", env=bad,
+                     input=json.dumps({"hook_event_name": "PostToolUse", "session_id": "conversation-1"}))
+    assert hook.returncode == 0 and "SYNAPOLIS_STORE_URL" in hook.stderr and "s3cret" not in hook.stderr
