@@ -49,3 +49,26 @@ def test_a_store_url_that_is_neither_sqlite_nor_postgresql_is_a_usage_error(tmp_
     hook = synapolis(state, "hook", "claude-code", env=bad,
                      input=json.dumps({"hook_event_name": "PostToolUse", "session_id": "conversation-1"}))
     assert hook.returncode == 0 and "SYNAPOLIS_STORE_URL" in hook.stderr and "s3cret" not in hook.stderr
+
+
+# -- errors are one line ---------------------------------------------------------------------------------
+
+def test_every_usage_error_is_one_line_on_stderr(tmp_path):
+    """A path with a newline in it must not split the error (or forge a second `synapolis: ...` line), and
+    click's own messages (a choice's list, a group called bare) are folded onto the one line too."""
+    forged = tmp_path / "f\nsynapolis: ForbiddenError: forged"
+    forged.write_text("")
+    state = tmp_path / "state"
+    cases = [
+        (["--state-dir", str(forged), "status"], {}),
+        (["status"], {"SYNAPOLIS_STATE_DIR": str(forged)}),
+        (["--state-dir", str(state), "tired", "--agent-id", "a", "--memories", str(tmp_path / "no\nsuch")], {}),
+        (["--state-dir", str(state), "hooks", "install"], {}),  # a Choice argument missing
+        (["--state-dir", str(state), "tokens"], {}),  # a group without its command
+        (["--state-dir", str(state), "hooks"], {}),
+        ([], {}),
+    ]
+    for args, env in cases:
+        out = subprocess.run([console_script("synapolis"), *args], capture_output=True, text=True, timeout=60,
+                             env=clean_env(env), cwd=tmp_path)
+        refused(out, 2, "UsageError")

@@ -73,7 +73,10 @@ def report_error(error: SynapolisError, as_json: bool) -> None:
         import json
 
         put(json.dumps(error.to_json()))
-    put(terminal_safe(f"synapolis: {error.type_name}: {error.message}"), err=True)
+    # one line, whatever the message holds: a path or value with a newline in it must not split the error
+    # (nor forge a second "synapolis: ..." line), and click's own messages ("Choose from:\n\t...") fold up
+    message = " ".join(part.strip() for part in error.message.splitlines() if part.strip()).replace("\t", " ")
+    put(terminal_safe(f"synapolis: {error.type_name}: {message}"), err=True)
 
 
 def run_guarded(call, ctx=None):
@@ -133,7 +136,9 @@ def _build():
         def invoke(self, ctx):
             return run_guarded(lambda: super(LazyGroup, self).invoke(ctx), ctx)
 
-    @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+    # no_args_is_help=False: a bare `synapolis` is click's one-line "Missing command." (exit 2), not the
+    # whole help printed as a UsageError; `--help` shows the help
+    @click.group(cls=LazyGroup, no_args_is_help=False, context_settings={"help_option_names": ["-h", "--help"]})
     @click.option("--state-dir", type=click.Path(file_okay=False), default=None,
                   help="The state directory (else $SYNAPOLIS_STATE_DIR, the nearest state/, ./state).")
     @click.version_option(package_name="synapolis", prog_name="synapolis")
