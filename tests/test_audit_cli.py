@@ -72,3 +72,24 @@ def test_every_usage_error_is_one_line_on_stderr(tmp_path):
         out = subprocess.run([console_script("synapolis"), *args], capture_output=True, text=True, timeout=60,
                              env=clean_env(env), cwd=tmp_path)
         refused(out, 2, "UsageError")
+
+
+# -- a session folder whose session.json names another session ---------------------------------------------
+
+def test_a_copy_of_a_session_folder_is_not_a_second_session(tmp_path):
+    """`cp -a sessions/S sessions/S.bak` (a backup before an experiment) left two session.json files naming S:
+    the listing counted S twice, so `start` refused with "2 sessions are active (S, S)" (exit 4)."""
+    import shutil
+
+    state = tmp_path / "state"
+    assert synapolis(state, "start", "--agent-id", "alice").returncode == 0
+    session = json.loads((state / "identity.json").read_text())["session_id"]
+    shutil.copytree(state / "sessions" / session, state / "sessions" / f"{session}.bak")
+    out = synapolis(state, "start", "--agent-id", "bob", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["session_id"] == session
+    agents = json.loads(synapolis(state, "list-agents", "--json").stdout)["agents"]
+    assert sorted((a["id"], a.get("session_id")) for a in agents) == [("alice", session), ("bob", session)]
+    # the copy itself is untouched
+    copy = json.loads((state / "sessions" / f"{session}.bak" / "session.json").read_text())
+    assert copy["session_id"] == session and copy["status"] == "active"
