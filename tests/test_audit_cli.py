@@ -93,3 +93,26 @@ def test_a_copy_of_a_session_folder_is_not_a_second_session(tmp_path):
     # the copy itself is untouched
     copy = json.loads((state / "sessions" / f"{session}.bak" / "session.json").read_text())
     assert copy["session_id"] == session and copy["status"] == "active"
+
+
+# -- validate-heartbeat on a heartbeats folder it cannot list -----------------------------------------------
+
+def test_validate_heartbeat_on_an_unlistable_heartbeats_folder_is_one_line_not_a_traceback(tmp_path):
+    """`synapolis status` already said InternalError (exit 1) here; validate-heartbeat printed a traceback."""
+    state = tmp_path / "state"
+    assert synapolis(state, "init").returncode == 0
+    (state / "heartbeats").rmdir()
+    for make in ("loop", "file"):
+        target = state / "heartbeats"
+        if target.is_symlink() or target.exists():
+            target.unlink()
+        if make == "loop":  # a symbolic link that points at itself
+            target.symlink_to(target)
+        else:
+            target.write_text("not a folder")
+        for extra in ([], ["--json"]):
+            out = subprocess.run([console_script("validate-heartbeat"), "--state-dir", str(state), *extra],
+                                 capture_output=True, text=True, timeout=60, env=clean_env())
+            assert "heartbeats" in refused(out, 1, "InternalError")
+            if extra:
+                assert json.loads(out.stdout)["error"]["exit_code"] == 1

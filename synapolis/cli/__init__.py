@@ -79,11 +79,11 @@ def report_error(error: SynapolisError, as_json: bool) -> None:
     put(terminal_safe(f"synapolis: {error.type_name}: {message}"), err=True)
 
 
-def run_guarded(call, ctx=None):
+def run_guarded(call, ctx=None, args=None):
     """Run `call`, turning every failure into a one-line error and the contract's exit code."""
     import click
 
-    as_json = _wants_json(sys.argv[1:])
+    as_json = _wants_json(sys.argv[1:] if args is None else args)
     try:
         return call()
     except SynapolisError as exc:
@@ -271,13 +271,10 @@ def validate_heartbeat_main(argv=None):
 
     args = sys.argv[1:] if argv is None else argv
     try:
-        rc = validate_heartbeat_cmd.main(args=args, prog_name="validate-heartbeat", standalone_mode=False)
+        # the guard of every synapolis verb: an OSError (a heartbeats folder that cannot be listed) or anything
+        # unexpected is the one-line InternalError, never a traceback
+        rc = run_guarded(lambda: validate_heartbeat_cmd.main(args=args, prog_name="validate-heartbeat",
+                                                             standalone_mode=False), args=args)
     except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
-    except click.ClickException as exc:
-        report_error(UsageError(exc.format_message()), _wants_json(args))
-        sys.exit(2)
-    except SynapolisError as exc:
-        report_error(exc, _wants_json(args))
         sys.exit(exc.exit_code)
     sys.exit(rc if isinstance(rc, int) else 0)
