@@ -116,3 +116,29 @@ def test_validate_heartbeat_on_an_unlistable_heartbeats_folder_is_one_line_not_a
             assert "heartbeats" in refused(out, 1, "InternalError")
             if extra:
                 assert json.loads(out.stdout)["error"]["exit_code"] == 1
+
+
+# -- start that cannot write identity.json -------------------------------------------------------------------
+
+def test_a_start_that_cannot_write_identity_json_registers_nothing_and_drains_nothing(tmp_path):
+    """start committed the registration (and its startup drain) before writing identity.json: when that write
+    failed it exited 1 without the run token, so the id was locked out (exit 3 on a retry, until stale) and
+    the signals it had marked delivered never reached anyone."""
+    state = tmp_path / "state"
+    assert synapolis(state, "start", "--agent-id", "alice").returncode == 0
+    dave = json.loads(synapolis(state, "start", "--agent-id", "dave", "--json").stdout)
+    assert synapolis(state, "signal", "dave", "hello dave", "--agent-id", "alice").returncode == 0
+    identity = state / "identity.json"
+    identity.unlink()
+    identity.mkdir()  # something in the way of identity.json
+    for args in (["--agent-id", "erin"], ["--agent-id", "dave", "--run-token", dave["run_token"]]):
+        line = refused(synapolis(state, "start", *args), 1, "InternalError")
+        assert "identity.json" in line
+    agents = json.loads(synapolis(state, "list-agents", "--json").stdout)["agents"]
+    assert sorted(a["id"] for a in agents) == ["alice", "dave"]  # erin was not registered
+    identity.rmdir()
+    erin = synapolis(state, "start", "--agent-id", "erin", "--json")
+    assert erin.returncode == 0 and json.loads(erin.stdout)["registration"] == "joined", erin.stderr
+    again = json.loads(synapolis(state, "start", "--agent-id", "dave", "--run-token", dave["run_token"], "--json").stdout)
+    assert [s["content"] for s in again["pending_signals"]] == ["hello dave"]  # still undelivered
+    assert json.loads(identity.read_text())["agent_id"] == "dave"
