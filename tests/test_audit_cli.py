@@ -142,3 +142,28 @@ def test_a_start_that_cannot_write_identity_json_registers_nothing_and_drains_no
     again = json.loads(synapolis(state, "start", "--agent-id", "dave", "--run-token", dave["run_token"], "--json").stdout)
     assert [s["content"] for s in again["pending_signals"]] == ["hello dave"]  # still undelivered
     assert json.loads(identity.read_text())["agent_id"] == "dave"
+
+
+# -- a hook that cannot remember its registration ----------------------------------------------------------------
+
+def test_a_hook_that_cannot_save_its_state_registers_no_phantom_agents(tmp_path):
+    """The hook registered the conversation, then failed to save hooks/<id>.json (its run token): the next call
+    found the id taken by "someone else" and registered another one, so every tool call added a live agent
+    (each one counted as an active other by everyone's `tired` for stale_after_s)."""
+    from synapolis.harness.hooks import agent_id_for
+
+    state = tmp_path / "state"
+    assert synapolis(state, "init").returncode == 0
+    key = agent_id_for("claude-code", "conversation-1", env={})
+    (state / "hooks" / f"{key}.json").mkdir(parents=True)  # in the way of the hook's state file
+    event = json.dumps({"hook_event_name": "PostToolUse", "session_id": "conversation-1"})
+    for _ in range(3):
+        out = synapolis(state, "hook", "claude-code", input=event)
+        assert out.returncode == 0 and out.stderr.strip() and "Traceback" not in out.stderr, out.stderr
+    agents = json.loads(synapolis(state, "list-agents", "--json").stdout)["agents"]
+    assert agents == []
+    (state / "hooks" / f"{key}.json").rmdir()
+    for _ in range(2):
+        assert synapolis(state, "hook", "claude-code", input=event).returncode == 0
+    agents = json.loads(synapolis(state, "list-agents", "--json").stdout)["agents"]
+    assert [a["id"] for a in agents] == [key]
