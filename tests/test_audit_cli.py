@@ -167,3 +167,35 @@ def test_a_hook_that_cannot_save_its_state_registers_no_phantom_agents(tmp_path)
         assert synapolis(state, "hook", "claude-code", input=event).returncode == 0
     agents = json.loads(synapolis(state, "list-agents", "--json").stdout)["agents"]
     assert [a["id"] for a in agents] == [key]
+
+
+# -- a working directory that no longer exists ------------------------------------------------------------------
+
+def test_an_absolute_state_dir_works_from_a_working_directory_that_was_removed(tmp_path):
+    """An agent's shell in a worktree someone removed: with an absolute --state-dir or $SYNAPOLIS_STATE_DIR
+    every verb (and hook) failed with 'InternalError: No such file or directory', because the path was joined
+    to os.getcwd() even when it was absolute. Only finding the state directory from the working directory
+    needs it, and then the error says so (exit 2)."""
+    import shlex
+
+    state = tmp_path / "state"
+    assert synapolis(state, "start", "--agent-id", "alice").returncode == 0
+    gone = tmp_path / "worktree"
+
+    def from_gone(*args, env=None, input=None):
+        gone.mkdir()
+        line = f"cd {shlex.quote(str(gone))} && rmdir {shlex.quote(str(gone))} && exec " + \
+            " ".join(shlex.quote(str(a)) for a in [console_script("synapolis"), *args])
+        return subprocess.run(["sh", "-c", line], capture_output=True, text=True, timeout=60, env=clean_env(env),
+                              input=input)
+
+    out = from_gone("--state-dir", state, "beat", "--agent-id", "alice", "--task", "still here")
+    assert out.returncode == 0, out.stderr
+    assert json.loads((state / "heartbeats" / "alice.json").read_text())["task"] == "still here"
+    out = from_gone("status", "--json", env={"SYNAPOLIS_STATE_DIR": str(state)})
+    assert out.returncode == 0 and json.loads(out.stdout)["agents"][0]["agent_id"] == "alice", out.stderr
+    hook = from_gone("--state-dir", state, "hook", "claude-code",
+                     input=json.dumps({"hook_event_name": "SessionStart", "session_id": "conversation-1"}))
+    assert hook.returncode == 0 and "additionalContext" in hook.stdout, hook.stderr
+    line = refused(from_gone("status"), 2, "UsageError")  # nothing names the state directory
+    assert "working directory" in line
