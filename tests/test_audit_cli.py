@@ -5,7 +5,11 @@ Every call is a real process of this install's console script."""
 from __future__ import annotations
 
 import json
+import shlex
+import shutil
 import subprocess
+
+from synapolis.harness.hooks import agent_id_for
 
 from conftest import clean_env, console_script
 
@@ -79,8 +83,6 @@ def test_every_usage_error_is_one_line_on_stderr(tmp_path):
 def test_a_copy_of_a_session_folder_is_not_a_second_session(tmp_path):
     """`cp -a sessions/S sessions/S.bak` (a backup before an experiment) left two session.json files naming S:
     the listing counted S twice, so `start` refused with "2 sessions are active (S, S)" (exit 4)."""
-    import shutil
-
     state = tmp_path / "state"
     assert synapolis(state, "start", "--agent-id", "alice").returncode == 0
     session = json.loads((state / "identity.json").read_text())["session_id"]
@@ -150,8 +152,6 @@ def test_a_hook_that_cannot_save_its_state_registers_no_phantom_agents(tmp_path)
     """The hook registered the conversation, then failed to save hooks/<id>.json (its run token): the next call
     found the id taken by "someone else" and registered another one, so every tool call added a live agent
     (each one counted as an active other by everyone's `tired` for stale_after_s)."""
-    from synapolis.harness.hooks import agent_id_for
-
     state = tmp_path / "state"
     assert synapolis(state, "init").returncode == 0
     key = agent_id_for("claude-code", "conversation-1", env={})
@@ -176,8 +176,6 @@ def test_an_absolute_state_dir_works_from_a_working_directory_that_was_removed(t
     every verb (and hook) failed with 'InternalError: No such file or directory', because the path was joined
     to os.getcwd() even when it was absolute. Only finding the state directory from the working directory
     needs it, and then the error says so (exit 2)."""
-    import shlex
-
     state = tmp_path / "state"
     assert synapolis(state, "start", "--agent-id", "alice").returncode == 0
     gone = tmp_path / "worktree"
