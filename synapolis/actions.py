@@ -128,13 +128,16 @@ def start(ws, *, agent_id: str | None = None, session_id: str | None = None, har
         pending, remaining = sig.drain_page(conn, agent_id, "startup_drain", now, ws.config,
                                             limit=sig.PIGGYBACK_LIMIT, budget_chars=sig.PIGGYBACK_BUDGET_CHARS) \
             if piggyback else ([], 0)
-    doc = write_heartbeat(ws.paths, agent_id, harness=harness, substrate=substrate, session_id=session_id,
-                          status="active", now=format_ts(now))
-    if store_for(ws).kind != "sqlite":  # the copy other machines read (§12), after the local file
-        with open_session(ws, session_id) as store, store.write() as conn:
+        # the files before the commit: when one cannot be written (identity.json is a folder, the disk is
+        # full) the registration and the drain roll back, instead of committing an agent whose run token
+        # nobody was shown (locked out until stale) and signals marked delivered that no answer carried.
+        # No lock is taken here that is ever held while waiting for the store's write lock.
+        doc = write_heartbeat(ws.paths, agent_id, harness=harness, substrate=substrate, session_id=session_id,
+                              status="active", now=format_ts(now))
+        if store_for(ws).kind != "sqlite":  # the copy other machines read (§12), after the local file
             conn.put_heartbeat(doc, ts(now))
-    if write_identity:
-        identity.write_identity_file(ws, agent_id, session_id, token, harness=harness, substrate=substrate)
+        if write_identity:
+            identity.write_identity_file(ws, agent_id, session_id, token, harness=harness, substrate=substrate)
     return {"agent_id": agent_id, "session_id": session_id, "run_token": token, "status": "active",
             "registration": how, "created_session": created, "harness": harness, "substrate": substrate,
             "heartbeat": doc, "pending_signals": pending, "pending_remaining": remaining}

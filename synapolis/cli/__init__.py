@@ -73,14 +73,17 @@ def report_error(error: SynapolisError, as_json: bool) -> None:
         import json
 
         put(json.dumps(error.to_json()))
-    put(terminal_safe(f"synapolis: {error.type_name}: {error.message}"), err=True)
+    # one line, whatever the message holds: a path or value with a newline in it must not split the error
+    # (nor forge a second "synapolis: ..." line), and click's own messages ("Choose from:\n\t...") fold up
+    message = " ".join(part.strip() for part in error.message.splitlines() if part.strip()).replace("\t", " ")
+    put(terminal_safe(f"synapolis: {error.type_name}: {message}"), err=True)
 
 
-def run_guarded(call, ctx=None):
+def run_guarded(call, ctx=None, args=None):
     """Run `call`, turning every failure into a one-line error and the contract's exit code."""
     import click
 
-    as_json = _wants_json(sys.argv[1:])
+    as_json = _wants_json(sys.argv[1:] if args is None else args)
     try:
         return call()
     except SynapolisError as exc:
@@ -133,7 +136,9 @@ def _build():
         def invoke(self, ctx):
             return run_guarded(lambda: super(LazyGroup, self).invoke(ctx), ctx)
 
-    @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+    # no_args_is_help=False: a bare `synapolis` is click's one-line "Missing command." (exit 2), not the
+    # whole help printed as a UsageError; `--help` shows the help
+    @click.group(cls=LazyGroup, no_args_is_help=False, context_settings={"help_option_names": ["-h", "--help"]})
     @click.option("--state-dir", type=click.Path(file_okay=False), default=None,
                   help="The state directory (else $SYNAPOLIS_STATE_DIR, the nearest state/, ./state).")
     @click.version_option(package_name="synapolis", prog_name="synapolis")
@@ -266,13 +271,10 @@ def validate_heartbeat_main(argv=None):
 
     args = sys.argv[1:] if argv is None else argv
     try:
-        rc = validate_heartbeat_cmd.main(args=args, prog_name="validate-heartbeat", standalone_mode=False)
+        # the guard of every synapolis verb: an OSError (a heartbeats folder that cannot be listed) or anything
+        # unexpected is the one-line InternalError, never a traceback
+        rc = run_guarded(lambda: validate_heartbeat_cmd.main(args=args, prog_name="validate-heartbeat",
+                                                             standalone_mode=False), args=args)
     except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
-    except click.ClickException as exc:
-        report_error(UsageError(exc.format_message()), _wants_json(args))
-        sys.exit(2)
-    except SynapolisError as exc:
-        report_error(exc, _wants_json(args))
         sys.exit(exc.exit_code)
     sys.exit(rc if isinstance(rc, int) else 0)

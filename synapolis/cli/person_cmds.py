@@ -37,7 +37,7 @@ def hook_cmd(ctx, harness):
     run_hook(harness, _state_dir(ctx))
 
 
-@click.group("hooks")
+@click.group("hooks", no_args_is_help=False)  # bare: one-line "Missing command." (cli.main)
 def hooks_group():
     """Wire a harness up: add or remove synapolis's hook entries in its project settings file.
 

@@ -7,7 +7,7 @@ import click
 from .common import ago, emit, json_option, pass_workspace, table
 
 
-@click.group("tokens")
+@click.group("tokens", no_args_is_help=False)  # bare: one-line "Missing command." (cli.main)
 def tokens_group():
     """Bearer tokens for `synapolis serve`: create (shown once), list, revoke.
 

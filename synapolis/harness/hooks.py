@@ -277,6 +277,7 @@ def _register(ws, harness, key, conversation, event, env, problems, *, refresh: 
     from .. import actions
     from ..atomic import locked
     from ..errors import ConflictError, ForbiddenError
+    from ..identity import new_token
     from ..names import generate_agent_id
     from ..sessions import sessions_of_agent
 
@@ -299,6 +300,14 @@ def _register(ws, harness, key, conversation, event, env, problems, *, refresh: 
                 problems.append(f"agent id {key} is registered by someone else; this conversation is {agent_id}")
             elif token is None and sessions_of_agent(ws, agent_id, active_only=False):
                 continue  # registered already, and not with a token this conversation holds
+            if token is None:
+                # remember the slot and its token before registering it: saved only after, a state file
+                # that cannot be written (a folder in its place) lost the token of an agent already
+                # registered, and each later call registered yet another live agent. With no session
+                # named, concurrent hooks of this conversation come here (and wait) rather than act on it
+                token = new_token()
+                save_state(ws, key, {"agent_id": agent_id, "session_id": None, "run_token": token,
+                                     "harness": harness, "conversation_id": conversation})
             try:
                 started = actions.start(ws, agent_id=agent_id, session_id=session_id, harness=harness,
                                         substrate=substrate, conversation_id=conversation, run_token=token,

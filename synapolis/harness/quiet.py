@@ -43,7 +43,8 @@ def stamp(micros: int) -> str:
 def _sqlite(ws, env) -> bool:
     # store.store_url's choice, without importing the store: only the SQLite store keeps the counter
     url = env.get("SYNAPOLIS_STORE_URL") or ws.config.values.get("store") or "sqlite"
-    return isinstance(url, str) and not url.strip().startswith(("postgresql://", "postgres://"))
+    # exactly "sqlite": a value naming no store we know takes the full path, which reports it
+    return isinstance(url, str) and url.strip() == "sqlite"
 
 
 def window_s(config) -> float:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from datetime import datetime, timezone
 
+from ..errors import UsageError
+
 from .base import SessionStore as SessionStoreBase, Store, Transaction  # noqa: F401
 from .sqlite import SCHEMA_VERSION, SessionStore, SqliteStore  # noqa: F401  (SessionStore: the SQLite one)
 
@@ -29,7 +31,15 @@ def keep_connections() -> None:
 def store_url(ws, env=None) -> str:
     """The configured store: "sqlite" or a postgresql:// URL (the environment first, then the config)."""
     env = os.environ if env is None else env
-    url = env.get(ENV_STORE_URL) or ws.config.values.get("store") or "sqlite"
+    named = (env.get(ENV_STORE_URL) or "").strip()
+    if named and named != "sqlite" and not is_postgres_url(named):
+        # the config's `store` is checked when it loads; the variable must be too, or a typo in the
+        # scheme ("postgresq://", "mysql://") would quietly give this machine a swarm of its own.
+        # Only the scheme is echoed: the rest may hold a password
+        scheme = named.partition("://")[0] if "://" in named else ""
+        raise UsageError(f'{ENV_STORE_URL} must be "sqlite" or a postgresql:// URL'
+                         + (f", not a {scheme[:20]!r} URL" if scheme.isalnum() else ""))
+    url = named or ws.config.values.get("store") or "sqlite"
     return url.strip() if isinstance(url, str) else "sqlite"
 
 

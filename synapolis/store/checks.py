@@ -19,7 +19,10 @@ def check_store(root, env=None) -> list[dict]:
         ws = Workspace.open(root, env=env)
     except SynapolisError:
         return []  # a broken config is the config check's finding
-    url = store_url(ws, env)
+    try:
+        store_url(ws, env)
+    except SynapolisError as exc:  # SYNAPOLIS_STORE_URL names no store we know: a finding, not a failed doctor
+        return [finding("fail", exc.message, 'set SYNAPOLIS_STORE_URL to "sqlite" or a postgresql:// URL, or unset it')]
     try:
         store = store_for(ws)
     except SynapolisError as exc:  # a PostgreSQL URL without the driver

@@ -748,6 +748,11 @@ class SqliteStore(base.Store):
             raise NotFoundError(f"session {session_id!r} has an unreadable session.json ({exc})") from None
         if not isinstance(document, dict):
             raise NotFoundError(f"session {session_id!r} has a malformed session.json")
+        named = document.get("session_id")
+        if isinstance(named, str) and named != session_id:
+            # a session is its folder: a copy of one (`cp -a sessions/S sessions/S.bak`) still says S, and
+            # counting it as S would list S twice and make every `start` ambiguous
+            raise NotFoundError(f"session {session_id!r} has a session.json naming another session {named!r}")
         return document
 
     def list_sessions(self) -> list[dict]:
