@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from . import actions, board, overview, signals
-from .errors import NoIdentityError, SynapolisError, UsageError
+from .errors import ForbiddenError, NoIdentityError, SynapolisError, UsageError
 from .identity import Who
 from .sessions import active_sessions, each_store
 from .store import store_for
@@ -18,6 +18,7 @@ from .timeutil import utcnow
 
 SIGNALS_SHOWN = 20
 NOTES_SHOWN = 20
+PAGE_HARNESS = "dashboard"  # the harness of the people the page registers
 
 
 def collect(ws, now: datetime | None = None, *, signals_shown: int = SIGNALS_SHOWN,
@@ -78,11 +79,24 @@ class Poster:
         try:
             return act(who)
         except NoIdentityError:
-            started = actions.start(ws, agent_id=agent_id, session_id=session_id, harness="dashboard", env={},
-                                    piggyback=False, write_identity=False)
+            pass  # not in the session yet: registered below
+        except ForbiddenError:
+            # the person's run token lives in this process's memory only: after a restart there is none (or a
+            # stale one), and with require_run_token every post of theirs was refused for good. A registration
+            # the page made (harness `dashboard`) is taken over again; a real agent's stays refused.
+            if not _page_registered(ws, agent_id, session_id):
+                raise
+        started = actions.start(ws, agent_id=agent_id, session_id=session_id, harness=PAGE_HARNESS, env={},
+                                piggyback=False, write_identity=False)
         self._run_tokens[key] = started["run_token"]
         who = Who(agent_id, session_id, started["run_token"], named_only=True)
         try:
             return act(who)
         finally:
             actions.beat(ws, who, status="stopped", env={}, piggyback=False)
+
+
+def _page_registered(ws, agent_id: str, session_id: str) -> bool:
+    """Whether `agent_id` is registered in the session by the page (a person), not by an agent's harness."""
+    agents = actions.list_agents(ws, Who(named_only=True), session_id=session_id, env={}, piggyback=False)["agents"]
+    return any(a["id"] == agent_id and a["harness"] == PAGE_HARNESS for a in agents)

@@ -251,3 +251,34 @@ def test_a_config_broken_while_serving_is_an_error_answer_not_a_500(served, cli)
             assert answer.json()["error"]["type"] == "UsageError" and "synapolis.json" in answer.json()["error"]["message"]
     time.sleep(0.5)  # the server's log is read as it comes
     assert "Traceback" not in "".join(served.proc.said)
+
+
+def test_with_run_tokens_required_the_page_still_posts_after_the_server_restarts(state_dir, cli):
+    """The page's person is registered on their first post and the run token kept in the server's memory;
+    with require_run_token on, a restarted server had none for them, every post was ForbiddenError (exit 7)
+    and nothing ever re-registered them: the page could not post in that session again. A registration of
+    the page's own (harness `dashboard`) is now taken over again; a real agent's never is."""
+    from conftest import configure, start_server, stop
+    from synapolis.workspace import Workspace
+
+    session = json.loads(cli("start", "--agent-id", "alice", "--json").stdout)["session_id"]
+    configure(Workspace.open(state_dir), require_run_token=True)
+    carol = json.loads(cli("tokens", "create", "carol", "--agent", "carol", "--json").stdout)["token"]
+    as_alice = json.loads(cli("tokens", "create", "al", "--agent", "alice", "--json").stdout)["token"]
+    note = {"kind": "note", "session_id": session}
+    for run in ("before", "after"):
+        proc, url = start_server(state_dir)
+        try:
+            with httpx2.Client(base_url=url, timeout=10, headers={"authorization": f"Bearer {carol}"}) as http:
+                posted = http.post("/api/post", data={**note, "text": f"{run} the restart"})
+                assert posted.status_code == 200, posted.text
+            with httpx2.Client(base_url=url, timeout=10, headers={"authorization": f"Bearer {as_alice}"}) as http:
+                refused = http.post("/api/post", data={**note, "text": "as the agent alice"})  # its run token is not the page's
+                assert refused.status_code == 403 and refused.json()["error"]["type"] == "ForbiddenError"
+        finally:
+            stop(proc)
+    notes = json.loads(cli("read-notes", "--session-id", session, "--json").stdout)["notes"]
+    assert [(n["agent_id"], n["text"]) for n in notes] == [("carol", "before the restart"), ("carol", "after the restart")]
+    alice = json.loads(cli("list-agents", "--session-id", session, "--json").stdout)["agents"]
+    assert {a["id"]: a["harness"] for a in alice} == {"alice": "cli", "carol": "dashboard"}
+    assert "Traceback" not in "".join(proc.said)
