@@ -282,3 +282,19 @@ def test_with_run_tokens_required_the_page_still_posts_after_the_server_restarts
     alice = json.loads(cli("list-agents", "--session-id", session, "--json").stdout)["agents"]
     assert {a["id"]: a["harness"] for a in alice} == {"alice": "cli", "carol": "dashboard"}
     assert "Traceback" not in "".join(proc.said)
+
+
+def test_a_form_posted_with_raw_utf8_is_stored_as_written(served, cli):
+    """`curl -d 'text=café'` sends the UTF-8 bytes unescaped; a URL-encoded body's bytes are UTF-8 whether
+    raw or %-escaped (WHATWG). They were decoded as latin-1, and the note stored as 'cafÃ©'."""
+    session = json.loads(cli("start", "--agent-id", "alice", "--json").stdout)["session_id"]
+    token = served.token("carol", "--agent", "carol")
+    headers = {"authorization": f"Bearer {token}", "content-type": "application/x-www-form-urlencoded"}
+    with httpx2.Client(base_url=served.url, timeout=10, headers=headers) as http:
+        for body in ("text=café ✓ %E2%9C%93", "text=caf%C3%A9 ✓ ✓", "text=café+%E2%9C%93+✓"):
+            posted = http.post("/api/post", content=f"kind=note&session_id={session}&{body}".encode())
+            assert posted.status_code == 200, posted.text
+        broken = http.post("/api/post", content=f"kind=note&session_id={session}&text=a\xffb".encode("latin-1"))
+        assert broken.status_code == 200, broken.text  # not UTF-8: replaced, as an invalid %-escape is
+    notes = json.loads(cli("read-notes", "--session-id", session, "--json").stdout)["notes"]
+    assert [n["text"] for n in notes] == ["café ✓ ✓"] * 3 + ["a\ufffdb"]

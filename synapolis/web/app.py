@@ -249,10 +249,17 @@ async def _read_form(request: Request, limit: int) -> dict | Response:
         if len(body) > limit:
             return _bad_body(413, f"a form may be at most {limit} bytes")
     try:
-        # as starlette decodes a form: bytes as latin-1, %-escapes as UTF-8 (an invalid one replaced)
-        return dict(parse_qsl(body.decode("latin-1"), keep_blank_values=True, max_num_fields=FORM_FIELDS_MAX))
+        # the bytes of a field, raw or %-escaped, are UTF-8 (WHATWG's URL-encoded parser; curl -d sends them
+        # raw), an invalid sequence replaced: each byte kept as one latin-1 character, then decoded once
+        fields = parse_qsl(body.decode("latin-1"), keep_blank_values=True, max_num_fields=FORM_FIELDS_MAX,
+                           encoding="latin-1")
     except ValueError:
         return _bad_body(400, f"a form may have at most {FORM_FIELDS_MAX} fields")
+    return {_utf8(name): _utf8(value) for name, value in fields}
+
+
+def _utf8(latin1: str) -> str:
+    return latin1.encode("latin-1").decode("utf-8", "replace")
 
 
 def _bad_body(status: int, message: str) -> JSONResponse:
