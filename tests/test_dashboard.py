@@ -298,3 +298,21 @@ def test_a_form_posted_with_raw_utf8_is_stored_as_written(served, cli):
         assert broken.status_code == 200, broken.text  # not UTF-8: replaced, as an invalid %-escape is
     notes = json.loads(cli("read-notes", "--session-id", session, "--json").stdout)["notes"]
     assert [n["text"] for n in notes] == ["café ✓ ✓"] * 3 + ["a\ufffdb"]
+
+
+def test_another_sites_page_cannot_sign_a_browser_in(served):
+    """Login CSRF: a page elsewhere auto-submitting a form to /login signed the browser in with a token of the
+    attacker's choosing (SameSite=Strict stops a cookie being sent cross-site, not being set by a top-level
+    navigation's answer), so what the person then posted went out as that token. A sign-in whose Origin is
+    not this server's is refused as a cross-site post is."""
+    token = served.token("mallory", "--agent", "mallory")
+    with httpx2.Client(base_url=served.url, timeout=10) as http:
+        forged = http.post("/login", data={"token": token}, headers={"origin": "https://evil.example"},
+                           follow_redirects=False)
+        assert forged.status_code == 403 and "set-cookie" not in forged.headers
+        assert forged.json()["error"]["type"] == "ForbiddenError"
+        null = http.post("/login", data={"token": token}, headers={"origin": "null"}, follow_redirects=False)
+        assert null.status_code == 403 and "set-cookie" not in null.headers
+        ours = http.post("/login", data={"token": token}, headers={"origin": served.url}, follow_redirects=False)
+        assert ours.status_code == 303 and "set-cookie" in ours.headers
+        assert sign_in(http, token).headers["set-cookie"]  # a client that sends no Origin still signs in

@@ -133,11 +133,8 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
         if isinstance(form, Response):
             return form
         if from_cookie:  # a browser: the page's CSRF token, and no other site's origin
-            origin = request.headers.get("origin")
-            if not hmac.compare_digest(str(form.get("csrf") or ""), csrf_for(token)) or (
-                    origin is not None and origin.split("://", 1)[-1] != request.headers.get("host")):
-                return JSONResponse({"error": {"type": "ForbiddenError", "message": "cross-site request refused",
-                                               "exit_code": 7}}, status_code=403)
+            if not hmac.compare_digest(str(form.get("csrf") or ""), csrf_for(token)) or _cross_site(request):
+                return _cross_site_refused()
         principal = principal_for(record)
 
         def post():
@@ -162,6 +159,10 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
         return HTMLResponse(_PAGE.read_text(encoding="utf-8"), headers=_PAGE_HEADERS)
 
     async def login(request: Request) -> Response:
+        # another site's page auto-submitting this form would sign the browser in with a token of its choosing
+        # (SameSite=Strict keeps the cookie from being sent cross-site, not from being set by the answer)
+        if _cross_site(request):
+            return _cross_site_refused()
         form = await _read_form(request, LOGIN_BODY_MAX)
         if isinstance(form, Response):
             return form
@@ -222,11 +223,13 @@ class TeamApp:
         return await self.app(scope, receive, send)
 
 
-# nothing on the page comes from elsewhere, and nothing else may frame it
+# nothing on the page comes from elsewhere, and nothing else may frame it; no address of ours is told to
+# another site, while our own requests carry our origin (under no-referrer a browser sends `Origin: null` with
+# the sign-in form, which could not be told from another site's sandboxed page)
 _PAGE_HEADERS = {
     "content-security-policy": "default-src 'self'; script-src 'self' 'unsafe-inline'; "
                                "style-src 'self' 'unsafe-inline'; img-src 'self' data:; frame-ancestors 'none'",
-    "x-content-type-options": "nosniff", "referrer-policy": "no-referrer", "cache-control": "no-store",
+    "x-content-type-options": "nosniff", "referrer-policy": "same-origin", "cache-control": "no-store",
 }
 
 
@@ -260,6 +263,18 @@ async def _read_form(request: Request, limit: int) -> dict | Response:
 
 def _utf8(latin1: str) -> str:
     return latin1.encode("latin-1").decode("utf-8", "replace")
+
+
+def _cross_site(request: Request) -> bool:
+    """Whether a browser sent this request from a page of another origin than this server's (no Origin: not
+    a browser's cross-site post, which always carries one)."""
+    origin = request.headers.get("origin")
+    return origin is not None and origin.split("://", 1)[-1] != request.headers.get("host")
+
+
+def _cross_site_refused() -> JSONResponse:
+    return JSONResponse({"error": {"type": "ForbiddenError", "message": "cross-site request refused",
+                                   "exit_code": 7}}, status_code=403)
 
 
 def _bad_body(status: int, message: str) -> JSONResponse:
