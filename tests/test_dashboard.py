@@ -316,3 +316,15 @@ def test_another_sites_page_cannot_sign_a_browser_in(served):
         ours = http.post("/login", data={"token": token}, headers={"origin": served.url}, follow_redirects=False)
         assert ours.status_code == 303 and "set-cookie" in ours.headers
         assert sign_in(http, token).headers["set-cookie"]  # a client that sends no Origin still signs in
+
+
+def test_a_head_request_for_the_event_stream_ends_and_its_connection_serves_the_next(served):
+    """HEAD /events (curl -I, a monitor's probe) answered the headers, then ran the endless stream with its
+    body dropped: the response never ended, and a keep-alive client's next request on that connection waited
+    forever. A HEAD now gets the stream's headers and its end."""
+    token = served.token("viewer", "--read-only")
+    with httpx2.Client(base_url=served.url, timeout=5, headers={"authorization": f"Bearer {token}"}) as http:
+        head = http.head("/events")
+        assert head.status_code == 200 and head.headers["content-type"].startswith("text/event-stream")
+        assert http.get("/healthz").json() == {"ok": True}  # the same connection, answered at once
+        assert http.head("/events", headers={"authorization": "Bearer syn_nope"}).status_code == 401

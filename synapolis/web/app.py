@@ -103,6 +103,11 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
         if who is None:
             return _refused()
         token = who[1]
+        headers = {"cache-control": "no-store", "x-accel-buffering": "no"}
+        if request.method == "HEAD":
+            # the headers alone, and the end: an endless stream with its body dropped never ended, and a
+            # keep-alive client's next request on the connection was never answered
+            return Response(media_type="text/event-stream", headers=headers)
 
         async def stream():
             seen = state.changes
@@ -119,8 +124,7 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
                     seen = now
                     yield f"event: change\ndata: {seen}\n\n"
 
-        return StreamingResponse(stream(), media_type="text/event-stream",
-                                 headers={"cache-control": "no-store", "x-accel-buffering": "no"})
+        return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
 
     async def api_post(request: Request) -> Response:
         who = signed_in(request)
