@@ -328,3 +328,18 @@ def test_a_head_request_for_the_event_stream_ends_and_its_connection_serves_the_
         assert head.status_code == 200 and head.headers["content-type"].startswith("text/event-stream")
         assert http.get("/healthz").json() == {"ok": True}  # the same connection, answered at once
         assert http.head("/events", headers={"authorization": "Bearer syn_nope"}).status_code == 401
+
+
+def test_a_post_of_an_unknown_kind_is_refused_not_taken_for_a_note(served, cli):
+    """`kind` is note or signal; anything else (kind=sginal, a typo) was posted as a note of the form's `text`."""
+    session = json.loads(cli("start", "--agent-id", "alice", "--json").stdout)["session_id"]
+    token = served.token("carol", "--agent", "carol")
+    with httpx2.Client(base_url=served.url, timeout=10, headers={"authorization": f"Bearer {token}"}) as http:
+        typo = http.post("/api/post", data={"kind": "sginal", "session_id": session, "to": "alice", "text": "x",
+                                            "content": "x"})
+        assert typo.status_code == 400 and typo.json()["error"]["type"] == "UsageError", typo.text
+        assert "sginal" in typo.json()["error"]["message"]
+        plain = http.post("/api/post", data={"session_id": session, "text": "no kind: a note"})
+        assert plain.status_code == 200, plain.text
+    notes = json.loads(cli("read-notes", "--session-id", session, "--json").stdout)["notes"]
+    assert [n["text"] for n in notes] == ["no kind: a note"]
