@@ -273,12 +273,14 @@ def test_with_run_tokens_required_the_page_still_posts_after_the_server_restarts
                 posted = http.post("/api/post", data={**note, "text": f"{run} the restart"})
                 assert posted.status_code == 200, posted.text
             with httpx2.Client(base_url=url, timeout=10, headers={"authorization": f"Bearer {as_alice}"}) as http:
-                refused = http.post("/api/post", data={**note, "text": "as the agent alice"})  # its run token is not the page's
+                # the agent alice's registration is not the page's: its run token is never taken over
+                refused = http.post("/api/post", data={**note, "text": "as the agent alice"})
                 assert refused.status_code == 403 and refused.json()["error"]["type"] == "ForbiddenError"
         finally:
             stop(proc)
     notes = json.loads(cli("read-notes", "--session-id", session, "--json").stdout)["notes"]
-    assert [(n["agent_id"], n["text"]) for n in notes] == [("carol", "before the restart"), ("carol", "after the restart")]
+    assert [(n["agent_id"], n["text"]) for n in notes] == [("carol", "before the restart"),
+                                                           ("carol", "after the restart")]
     alice = json.loads(cli("list-agents", "--session-id", session, "--json").stdout)["agents"]
     assert {a["id"]: a["harness"] for a in alice} == {"alice": "cli", "carol": "dashboard"}
     assert "Traceback" not in "".join(proc.said)
