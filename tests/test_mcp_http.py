@@ -392,6 +392,28 @@ def test_serve_refuses_a_wide_address_without_tokens_and_warns_over_plain_http(s
     assert "warning" in said and "TLS" in said
 
 
+def test_serve_on_any_loopback_address_answers_requests_naming_it(state_dir, cli):
+    """`--host 127.0.0.2` (or any 127.x) is loopback, so serve checks Host against DNS rebinding, but only
+    127.0.0.1, localhost and [::1] were allowed: every MCP request to the address served was 421 Invalid Host
+    header. The address served is allowed too; another name still is not."""
+    token = json.loads(cli("tokens", "create", "t", "--json").stdout)["token"]
+    proc, url = start_server(state_dir, "--host", "127.0.0.2")
+    try:
+        assert url.startswith("http://127.0.0.2:")
+        auth = {**HEADERS, "authorization": f"Bearer {token}"}
+        with httpx2.Client(timeout=10) as http:
+            answer = http.post(url + "/mcp", json=INITIALIZE, headers=auth)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["result"]["serverInfo"]
+            origin = http.post(url + "/mcp", json=INITIALIZE, headers={**auth, "origin": url})
+            assert origin.status_code == 200, origin.text
+            rebound = http.post(url + "/mcp", json=INITIALIZE, headers={**auth, "host": "evil.example"})
+            assert rebound.status_code == 421
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
 def test_serve_that_cannot_listen_says_why_in_one_line(served, cli, tmp_path):
     """A port another process holds, an address not this machine's, a certificate that is not one: uvicorn
     failed inside the server's task group, which printed an ExceptionGroup traceback and exited 3 (or said

@@ -114,15 +114,19 @@ class BearerGate:
         return send_while_valid
 
 
-def session_manager(server, *, loopback: bool) -> StreamableHTTPSessionManager:
+def session_manager(server, *, loopback: bool, host: str | None = None) -> StreamableHTTPSessionManager:
     """The SDK's streamable HTTP session manager for `server` (both protocol eras: sessions for the
     handshake era, per-request for 2026-07-28). On loopback it checks Host and Origin against DNS
-    rebinding, as the SDK does by default there; elsewhere the bearer token is the guard and the Host is
-    whatever name a proxy or the team uses."""
+    rebinding, as the SDK does by default there: the usual loopback names and `host`, the address served
+    (any 127.x is loopback, and its clients name it); elsewhere the bearer token is the guard and the Host
+    is whatever name a proxy or the team uses."""
+    hosts = list(LOOPBACK_HOSTS)
+    if host:
+        served = f"[{host.strip('[]')}]:*" if ":" in host else f"{host}:*"
+        hosts += [served] if served not in hosts else []
     security = TransportSecuritySettings(
-        enable_dns_rebinding_protection=True, allowed_hosts=LOOPBACK_HOSTS,
-        allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*",
-                         "https://127.0.0.1:*", "https://localhost:*", "https://[::1]:*"],
+        enable_dns_rebinding_protection=True, allowed_hosts=hosts,
+        allowed_origins=[f"{scheme}://{name}" for scheme in ("http", "https") for name in hosts],
     ) if loopback else TransportSecuritySettings(enable_dns_rebinding_protection=False)
     # JSON answers rather than an SSE stream per request: a tool call over HTTP is ~1.5 ms faster here, and
     # pushes travel on the standing GET stream (handshake era) or the listen stream (2026-07-28) either way

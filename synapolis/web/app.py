@@ -50,11 +50,11 @@ def _refused() -> JSONResponse:
 
 
 def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=None,
-               force_polling: bool = False) -> Starlette:
+               force_polling: bool = False, host: str | None = None) -> Starlette:
     server = create_server(state_dir, env, force_polling=force_polling)
     state = server.state
     book = TokenBook(state.workspace())
-    manager = session_manager(server, loopback=loopback)
+    manager = session_manager(server, loopback=loopback, host=host)  # host: the address served
     poster = dashboard.Poster(state.workspace)
     csrf_key = secrets.token_bytes(32)
 
