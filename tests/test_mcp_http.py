@@ -288,6 +288,28 @@ def test_revoked_token_is_refused_from_the_next_request(served, cli):
     assert listed == {"tokens": []}
 
 
+def test_a_new_token_of_a_revoked_ones_name_cannot_continue_its_mcp_session(served, cli):
+    """An MCP session belonged to the token's name: after `tokens revoke laptop` and a new `tokens create
+    laptop` (given to someone else), the new token, presented with the old session's id, acted as the
+    identity that session's start_session remembered, run token and all. A session is now the token's own."""
+    old = served.token("laptop")
+    with httpx2.Client(base_url=served.url, timeout=10) as http:
+        opened = http.post("/mcp", json=INITIALIZE, headers={**HEADERS, "authorization": f"Bearer {old}"})
+        session = {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
+        as_old = {**HEADERS, **session, "authorization": f"Bearer {old}"}
+        http.post("/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=as_old)
+        started = http.post("/mcp", json={**CALL, "params": {"name": "start_session",
+                                                             "arguments": {"agent_id": "alice"}}}, headers=as_old)
+        assert started.json()["result"]["structuredContent"]["agent_id"] == "alice", started.text
+        assert cli("tokens", "revoke", "laptop").returncode == 0
+        new = served.token("laptop")
+        note = {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                "params": {"name": "note", "arguments": {"text": "as the old session's alice"}}}
+        taken = http.post("/mcp", json=note, headers={**as_old, "authorization": f"Bearer {new}"})
+        assert taken.status_code == 404, taken.text  # the SDK's answer to a session that is not this token's
+    assert json.loads(cli("read-notes", "--json", "--agent-id", "alice").stdout)["notes"] == []
+
+
 def test_a_revoked_tokens_open_push_streams_carry_nothing_more(served, cli):
     """Revocation reaches the streams a client opened before it: no push of what changed after it."""
     token = served.token("bob", "--agent", "bob")

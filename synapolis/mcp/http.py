@@ -17,6 +17,7 @@ from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
+from ..tokens import digest
 from .state import PRINCIPAL_KEY, Principal
 
 LOOPBACK_HOSTS = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
@@ -64,13 +65,15 @@ class BearerGate:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        record = self.book.verify(bearer(scope.get("headers") or []))
+        presented = bearer(scope.get("headers") or [])
+        record = self.book.verify(presented)
         if record is None:
             return await unauthorized(send)
         scope[PRINCIPAL_KEY] = principal_for(record)
-        # the SDK's session ownership compares this: one token's MCP session is not another's
-        scope["user"] = AuthenticatedUser(AccessToken(token="-", client_id=f"synapolis-token:{record['name']}",
-                                                      scopes=[]))
+        # the SDK's session ownership compares this: one token's MCP session is not another's, nor that of a
+        # new token given the name of a revoked one (its hash, not its name, says which token it is)
+        scope["user"] = AuthenticatedUser(AccessToken(
+            token="-", client_id=f"synapolis-token:{record['name']}:{digest(presented)}", scopes=[]))
         send = self._streams_end_when_revoked(scope, send)
         if self.on_end is None or scope.get("method") != "DELETE":
             return await self.app(scope, receive, send)
