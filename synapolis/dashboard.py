@@ -7,6 +7,7 @@ note or a signal as the token's identity. The web page (synapolis/web/) only ren
 
 from __future__ import annotations
 
+import threading
 from datetime import datetime
 
 from . import actions, board, overview, signals
@@ -62,6 +63,9 @@ class Poster:
     def __init__(self, ws_of):
         self._ws_of = ws_of  # () -> the Workspace as of now (its config may change)
         self._run_tokens: dict = {}
+        # one post at a time per agent: two first posts at once (a double click, two tabs) each registered
+        # them, and the second registration was ConflictError (already active) or replaced the first's run token
+        self._locks: dict = {}
 
     def post(self, token_name: str, agent_id: str, session_id: str, *, note: str | None = None,
              to: str | None = None, content: str | None = None, type: str = "inform") -> dict:
@@ -69,6 +73,12 @@ class Poster:
         if (note is None) == (content is None):
             raise UsageError("post a note or a signal")
         key = (token_name, agent_id, session_id)
+        # setdefault: atomic, the posts' threads race here; per agent, whichever token posts as it
+        with self._locks.setdefault((agent_id, session_id), threading.Lock()):
+            return self._post(ws, key, note=note, to=to, content=content, type=type)
+
+    def _post(self, ws, key, *, note, to, content, type) -> dict:
+        _token_name, agent_id, session_id = key
         who = Who(agent_id, session_id, self._run_tokens.get(key), named_only=True)
 
         def act(who):

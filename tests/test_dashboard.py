@@ -345,3 +345,25 @@ def test_a_post_of_an_unknown_kind_is_refused_not_taken_for_a_note(served, cli):
         assert plain.status_code == 200, plain.text
     notes = json.loads(cli("read-notes", "--session-id", session, "--json").stdout)["notes"]
     assert [n["text"] for n in notes] == ["no kind: a note"]
+
+
+def test_a_persons_first_posts_at_once_all_go_through(served, cli):
+    """A person's first post registers them; two at once (a double click, two tabs) each found them not
+    registered, and the second registration was ConflictError (409: already active), the post lost."""
+    session = json.loads(cli("start", "--agent-id", "alice", "--json").stdout)["session_id"]
+    token = served.token("team")
+    answers: list = []
+
+    def post(i):
+        with httpx2.Client(base_url=served.url, timeout=30, headers={"authorization": f"Bearer {token}"}) as http:
+            answers.append(http.post("/api/post", data={"kind": "note", "session_id": session, "agent_id": "dave",
+                                                        "text": f"note {i}"}))
+
+    threads = [threading.Thread(target=post, args=(i,)) for i in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert [a.status_code for a in answers] == [200] * 12, [a.text for a in answers if a.status_code != 200]
+    notes = json.loads(cli("read-notes", "--session-id", session, "--json").stdout)["notes"]
+    assert sorted(n["text"] for n in notes) == sorted(f"note {i}" for i in range(12))
