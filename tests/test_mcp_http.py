@@ -310,6 +310,25 @@ def test_a_new_token_of_a_revoked_ones_name_cannot_continue_its_mcp_session(serv
     assert json.loads(cli("read-notes", "--json", "--agent-id", "alice").stdout)["notes"] == []
 
 
+def test_a_sequence_beyond_64_bits_is_a_page_of_nothing_not_an_internal_error(served, cli):
+    """read_signals `after` (and the CLI's --after) past SQLite's 64-bit integers: InternalError (exit 1),
+    'Python int too large to convert to SQLite INTEGER'. No signal has such a sequence: nothing is after it."""
+    token = served.token("alice", "--agent", "alice")
+    huge = 10 ** 23
+
+    async def main():
+        async with mcp_http_client(served.url, token) as c:
+            await ok(c, "start_session", new_session=True)
+            page = await ok(c, "read_signals", after=huge)
+            assert page["signals"] == [] and page["remaining"] == 0
+            everything = await ok(c, "read_signals", after=huge, unread_only=False)
+            assert everything["signals"] == []
+
+    run(main)
+    done = cli("read-signals", "--agent-id", "alice", "--after", str(huge), "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["signals"] == [], done.stderr
+
+
 def test_a_revoked_tokens_open_push_streams_carry_nothing_more(served, cli):
     """Revocation reaches the streams a client opened before it: no push of what changed after it."""
     token = served.token("bob", "--agent", "bob")
