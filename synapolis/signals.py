@@ -62,8 +62,14 @@ def _reader(tx, agent_id: str):
     return row
 
 
+MAX_SEQUENCE = 2 ** 63 - 1  # the largest signal sequence a store holds (SQLite's and PostgreSQL's bigint)
+
+
 def _floors(state, unread_only: bool, include_history: bool, after: int) -> tuple[int, int]:
     """(broadcast floor, directed floor): the reader's signals above `after`, unread ones above its watermark."""
+    # a sequence is a 64-bit integer in either store: an `after` beyond that (a client's 10**23) was an
+    # OverflowError from the driver; no signal is above the largest sequence either
+    after = min(after, MAX_SEQUENCE)
     dfloor = max(state["read_upto"], after) if unread_only else after
     return max(dfloor, 0 if include_history else state["joined_seq"]), dfloor
 

@@ -251,3 +251,119 @@ def test_a_config_broken_while_serving_is_an_error_answer_not_a_500(served, cli)
             assert answer.json()["error"]["type"] == "UsageError" and "synapolis.json" in answer.json()["error"]["message"]
     time.sleep(0.5)  # the server's log is read as it comes
     assert "Traceback" not in "".join(served.proc.said)
+
+
+def test_with_run_tokens_required_the_page_still_posts_after_the_server_restarts(state_dir, cli):
+    """The page's person is registered on their first post and the run token kept in the server's memory;
+    with require_run_token on, a restarted server had none for them, every post was ForbiddenError (exit 7)
+    and nothing ever re-registered them: the page could not post in that session again. A registration of
+    the page's own (harness `dashboard`) is now taken over again; a real agent's never is."""
+    from conftest import configure, start_server, stop
+    from synapolis.workspace import Workspace
+
+    session = json.loads(cli("start", "--agent-id", "alice", "--json").stdout)["session_id"]
+    configure(Workspace.open(state_dir), require_run_token=True)
+    carol = json.loads(cli("tokens", "create", "carol", "--agent", "carol", "--json").stdout)["token"]
+    as_alice = json.loads(cli("tokens", "create", "al", "--agent", "alice", "--json").stdout)["token"]
+    note = {"kind": "note", "session_id": session}
+    for run in ("before", "after"):
+        proc, url = start_server(state_dir)
+        try:
+            with httpx2.Client(base_url=url, timeout=10, headers={"authorization": f"Bearer {carol}"}) as http:
+                posted = http.post("/api/post", data={**note, "text": f"{run} the restart"})
+                assert posted.status_code == 200, posted.text
+            with httpx2.Client(base_url=url, timeout=10, headers={"authorization": f"Bearer {as_alice}"}) as http:
+                # the agent alice's registration is not the page's: its run token is never taken over
+                refused = http.post("/api/post", data={**note, "text": "as the agent alice"})
+                assert refused.status_code == 403 and refused.json()["error"]["type"] == "ForbiddenError"
+        finally:
+            stop(proc)
+    notes = json.loads(cli("read-notes", "--session-id", session, "--json").stdout)["notes"]
+    assert [(n["agent_id"], n["text"]) for n in notes] == [("carol", "before the restart"),
+                                                           ("carol", "after the restart")]
+    alice = json.loads(cli("list-agents", "--session-id", session, "--json").stdout)["agents"]
+    assert {a["id"]: a["harness"] for a in alice} == {"alice": "cli", "carol": "dashboard"}
+    assert "Traceback" not in "".join(proc.said)
+
+
+def test_a_form_posted_with_raw_utf8_is_stored_as_written(served, cli):
+    """`curl -d 'text=café'` sends the UTF-8 bytes unescaped; a URL-encoded body's bytes are UTF-8 whether
+    raw or %-escaped (WHATWG). They were decoded as latin-1, and the note stored as 'cafÃ©'."""
+    session = json.loads(cli("start", "--agent-id", "alice", "--json").stdout)["session_id"]
+    token = served.token("carol", "--agent", "carol")
+    headers = {"authorization": f"Bearer {token}", "content-type": "application/x-www-form-urlencoded"}
+    with httpx2.Client(base_url=served.url, timeout=10, headers=headers) as http:
+        for body in ("text=café ✓ %E2%9C%93", "text=caf%C3%A9 ✓ ✓", "text=café+%E2%9C%93+✓"):
+            posted = http.post("/api/post", content=f"kind=note&session_id={session}&{body}".encode())
+            assert posted.status_code == 200, posted.text
+        broken = http.post("/api/post", content=f"kind=note&session_id={session}&text=a\xffb".encode("latin-1"))
+        assert broken.status_code == 200, broken.text  # not UTF-8: replaced, as an invalid %-escape is
+    notes = json.loads(cli("read-notes", "--session-id", session, "--json").stdout)["notes"]
+    assert [n["text"] for n in notes] == ["café ✓ ✓"] * 3 + ["a\ufffdb"]
+
+
+def test_another_sites_page_cannot_sign_a_browser_in(served):
+    """Login CSRF: a page elsewhere auto-submitting a form to /login signed the browser in with a token of the
+    attacker's choosing (SameSite=Strict stops a cookie being sent cross-site, not being set by a top-level
+    navigation's answer), so what the person then posted went out as that token. A sign-in whose Origin is
+    not this server's is refused as a cross-site post is."""
+    token = served.token("mallory", "--agent", "mallory")
+    with httpx2.Client(base_url=served.url, timeout=10) as http:
+        forged = http.post("/login", data={"token": token}, headers={"origin": "https://evil.example"},
+                           follow_redirects=False)
+        assert forged.status_code == 403 and "set-cookie" not in forged.headers
+        assert forged.json()["error"]["type"] == "ForbiddenError"
+        null = http.post("/login", data={"token": token}, headers={"origin": "null"}, follow_redirects=False)
+        assert null.status_code == 403 and "set-cookie" not in null.headers
+        ours = http.post("/login", data={"token": token}, headers={"origin": served.url}, follow_redirects=False)
+        assert ours.status_code == 303 and "set-cookie" in ours.headers
+        assert sign_in(http, token).headers["set-cookie"]  # a client that sends no Origin still signs in
+
+
+def test_a_head_request_for_the_event_stream_ends_and_its_connection_serves_the_next(served):
+    """HEAD /events (curl -I, a monitor's probe) answered the headers, then ran the endless stream with its
+    body dropped: the response never ended, and a keep-alive client's next request on that connection waited
+    forever. A HEAD now gets the stream's headers and its end."""
+    token = served.token("viewer", "--read-only")
+    with httpx2.Client(base_url=served.url, timeout=5, headers={"authorization": f"Bearer {token}"}) as http:
+        head = http.head("/events")
+        assert head.status_code == 200 and head.headers["content-type"].startswith("text/event-stream")
+        assert http.get("/healthz").json() == {"ok": True}  # the same connection, answered at once
+        assert http.head("/events", headers={"authorization": "Bearer syn_nope"}).status_code == 401
+
+
+def test_a_post_of_an_unknown_kind_is_refused_not_taken_for_a_note(served, cli):
+    """`kind` is note or signal; anything else (kind=sginal, a typo) was posted as a note of the form's `text`."""
+    session = json.loads(cli("start", "--agent-id", "alice", "--json").stdout)["session_id"]
+    token = served.token("carol", "--agent", "carol")
+    with httpx2.Client(base_url=served.url, timeout=10, headers={"authorization": f"Bearer {token}"}) as http:
+        typo = http.post("/api/post", data={"kind": "sginal", "session_id": session, "to": "alice", "text": "x",
+                                            "content": "x"})
+        assert typo.status_code == 400 and typo.json()["error"]["type"] == "UsageError", typo.text
+        assert "sginal" in typo.json()["error"]["message"]
+        plain = http.post("/api/post", data={"session_id": session, "text": "no kind: a note"})
+        assert plain.status_code == 200, plain.text
+    notes = json.loads(cli("read-notes", "--session-id", session, "--json").stdout)["notes"]
+    assert [n["text"] for n in notes] == ["no kind: a note"]
+
+
+def test_a_persons_first_posts_at_once_all_go_through(served, cli):
+    """A person's first post registers them; two at once (a double click, two tabs) each found them not
+    registered, and the second registration was ConflictError (409: already active), the post lost."""
+    session = json.loads(cli("start", "--agent-id", "alice", "--json").stdout)["session_id"]
+    token = served.token("team")
+    answers: list = []
+
+    def post(i):
+        with httpx2.Client(base_url=served.url, timeout=30, headers={"authorization": f"Bearer {token}"}) as http:
+            answers.append(http.post("/api/post", data={"kind": "note", "session_id": session, "agent_id": "dave",
+                                                        "text": f"note {i}"}))
+
+    threads = [threading.Thread(target=post, args=(i,)) for i in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert [a.status_code for a in answers] == [200] * 12, [a.text for a in answers if a.status_code != 200]
+    notes = json.loads(cli("read-notes", "--session-id", session, "--json").stdout)["notes"]
+    assert sorted(n["text"] for n in notes) == sorted(f"note {i}" for i in range(12))

@@ -288,6 +288,47 @@ def test_revoked_token_is_refused_from_the_next_request(served, cli):
     assert listed == {"tokens": []}
 
 
+def test_a_new_token_of_a_revoked_ones_name_cannot_continue_its_mcp_session(served, cli):
+    """An MCP session belonged to the token's name: after `tokens revoke laptop` and a new `tokens create
+    laptop` (given to someone else), the new token, presented with the old session's id, acted as the
+    identity that session's start_session remembered, run token and all. A session is now the token's own."""
+    old = served.token("laptop")
+    with httpx2.Client(base_url=served.url, timeout=10) as http:
+        opened = http.post("/mcp", json=INITIALIZE, headers={**HEADERS, "authorization": f"Bearer {old}"})
+        session = {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
+        as_old = {**HEADERS, **session, "authorization": f"Bearer {old}"}
+        http.post("/mcp", json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=as_old)
+        started = http.post("/mcp", json={**CALL, "params": {"name": "start_session",
+                                                             "arguments": {"agent_id": "alice"}}}, headers=as_old)
+        assert started.json()["result"]["structuredContent"]["agent_id"] == "alice", started.text
+        assert cli("tokens", "revoke", "laptop").returncode == 0
+        new = served.token("laptop")
+        note = {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                "params": {"name": "note", "arguments": {"text": "as the old session's alice"}}}
+        taken = http.post("/mcp", json=note, headers={**as_old, "authorization": f"Bearer {new}"})
+        assert taken.status_code == 404, taken.text  # the SDK's answer to a session that is not this token's
+    assert json.loads(cli("read-notes", "--json", "--agent-id", "alice").stdout)["notes"] == []
+
+
+def test_a_sequence_beyond_64_bits_is_a_page_of_nothing_not_an_internal_error(served, cli):
+    """read_signals `after` (and the CLI's --after) past SQLite's 64-bit integers: InternalError (exit 1),
+    'Python int too large to convert to SQLite INTEGER'. No signal has such a sequence: nothing is after it."""
+    token = served.token("alice", "--agent", "alice")
+    huge = 10 ** 23
+
+    async def main():
+        async with mcp_http_client(served.url, token) as c:
+            await ok(c, "start_session", new_session=True)
+            page = await ok(c, "read_signals", after=huge)
+            assert page["signals"] == [] and page["remaining"] == 0
+            everything = await ok(c, "read_signals", after=huge, unread_only=False)
+            assert everything["signals"] == []
+
+    run(main)
+    done = cli("read-signals", "--agent-id", "alice", "--after", str(huge), "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["signals"] == [], done.stderr
+
+
 def test_a_revoked_tokens_open_push_streams_carry_nothing_more(served, cli):
     """Revocation reaches the streams a client opened before it: no push of what changed after it."""
     token = served.token("bob", "--agent", "bob")
@@ -390,6 +431,28 @@ def test_serve_refuses_a_wide_address_without_tokens_and_warns_over_plain_http(s
         proc.wait(timeout=10)
     said = "".join(proc.said)
     assert "warning" in said and "TLS" in said
+
+
+def test_serve_on_any_loopback_address_answers_requests_naming_it(state_dir, cli):
+    """`--host 127.0.0.2` (or any 127.x) is loopback, so serve checks Host against DNS rebinding, but only
+    127.0.0.1, localhost and [::1] were allowed: every MCP request to the address served was 421 Invalid Host
+    header. The address served is allowed too; another name still is not."""
+    token = json.loads(cli("tokens", "create", "t", "--json").stdout)["token"]
+    proc, url = start_server(state_dir, "--host", "127.0.0.2")
+    try:
+        assert url.startswith("http://127.0.0.2:")
+        auth = {**HEADERS, "authorization": f"Bearer {token}"}
+        with httpx2.Client(timeout=10) as http:
+            answer = http.post(url + "/mcp", json=INITIALIZE, headers=auth)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["result"]["serverInfo"]
+            origin = http.post(url + "/mcp", json=INITIALIZE, headers={**auth, "origin": url})
+            assert origin.status_code == 200, origin.text
+            rebound = http.post(url + "/mcp", json=INITIALIZE, headers={**auth, "host": "evil.example"})
+            assert rebound.status_code == 421
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 def test_serve_that_cannot_listen_says_why_in_one_line(served, cli, tmp_path):

@@ -17,6 +17,7 @@ from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 
+from ..tokens import digest
 from .state import PRINCIPAL_KEY, Principal
 
 LOOPBACK_HOSTS = ["127.0.0.1:*", "localhost:*", "[::1]:*"]
@@ -64,13 +65,15 @@ class BearerGate:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        record = self.book.verify(bearer(scope.get("headers") or []))
+        presented = bearer(scope.get("headers") or [])
+        record = self.book.verify(presented)
         if record is None:
             return await unauthorized(send)
         scope[PRINCIPAL_KEY] = principal_for(record)
-        # the SDK's session ownership compares this: one token's MCP session is not another's
-        scope["user"] = AuthenticatedUser(AccessToken(token="-", client_id=f"synapolis-token:{record['name']}",
-                                                      scopes=[]))
+        # the SDK's session ownership compares this: one token's MCP session is not another's, nor that of a
+        # new token given the name of a revoked one (its hash, not its name, says which token it is)
+        scope["user"] = AuthenticatedUser(AccessToken(
+            token="-", client_id=f"synapolis-token:{record['name']}:{digest(presented)}", scopes=[]))
         send = self._streams_end_when_revoked(scope, send)
         if self.on_end is None or scope.get("method") != "DELETE":
             return await self.app(scope, receive, send)
@@ -114,15 +117,19 @@ class BearerGate:
         return send_while_valid
 
 
-def session_manager(server, *, loopback: bool) -> StreamableHTTPSessionManager:
+def session_manager(server, *, loopback: bool, host: str | None = None) -> StreamableHTTPSessionManager:
     """The SDK's streamable HTTP session manager for `server` (both protocol eras: sessions for the
     handshake era, per-request for 2026-07-28). On loopback it checks Host and Origin against DNS
-    rebinding, as the SDK does by default there; elsewhere the bearer token is the guard and the Host is
-    whatever name a proxy or the team uses."""
+    rebinding, as the SDK does by default there: the usual loopback names and `host`, the address served
+    (any 127.x is loopback, and its clients name it); elsewhere the bearer token is the guard and the Host
+    is whatever name a proxy or the team uses."""
+    hosts = list(LOOPBACK_HOSTS)
+    if host:
+        served = f"[{host.strip('[]')}]:*" if ":" in host else f"{host}:*"
+        hosts += [served] if served not in hosts else []
     security = TransportSecuritySettings(
-        enable_dns_rebinding_protection=True, allowed_hosts=LOOPBACK_HOSTS,
-        allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*",
-                         "https://127.0.0.1:*", "https://localhost:*", "https://[::1]:*"],
+        enable_dns_rebinding_protection=True, allowed_hosts=hosts,
+        allowed_origins=[f"{scheme}://{name}" for scheme in ("http", "https") for name in hosts],
     ) if loopback else TransportSecuritySettings(enable_dns_rebinding_protection=False)
     # JSON answers rather than an SSE stream per request: a tool call over HTTP is ~1.5 ms faster here, and
     # pushes travel on the standing GET stream (handshake era) or the listen stream (2026-07-28) either way

@@ -50,11 +50,11 @@ def _refused() -> JSONResponse:
 
 
 def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=None,
-               force_polling: bool = False) -> Starlette:
+               force_polling: bool = False, host: str | None = None) -> Starlette:
     server = create_server(state_dir, env, force_polling=force_polling)
     state = server.state
     book = TokenBook(state.workspace())
-    manager = session_manager(server, loopback=loopback)
+    manager = session_manager(server, loopback=loopback, host=host)  # host: the address served
     poster = dashboard.Poster(state.workspace)
     csrf_key = secrets.token_bytes(32)
 
@@ -103,6 +103,11 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
         if who is None:
             return _refused()
         token = who[1]
+        headers = {"cache-control": "no-store", "x-accel-buffering": "no"}
+        if request.method == "HEAD":
+            # the headers alone, and the end: an endless stream with its body dropped never ended, and a
+            # keep-alive client's next request on the connection was never answered
+            return Response(media_type="text/event-stream", headers=headers)
 
         async def stream():
             seen = state.changes
@@ -119,8 +124,7 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
                     seen = now
                     yield f"event: change\ndata: {seen}\n\n"
 
-        return StreamingResponse(stream(), media_type="text/event-stream",
-                                 headers={"cache-control": "no-store", "x-accel-buffering": "no"})
+        return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
 
     async def api_post(request: Request) -> Response:
         who = signed_in(request)
@@ -133,11 +137,8 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
         if isinstance(form, Response):
             return form
         if from_cookie:  # a browser: the page's CSRF token, and no other site's origin
-            origin = request.headers.get("origin")
-            if not hmac.compare_digest(str(form.get("csrf") or ""), csrf_for(token)) or (
-                    origin is not None and origin.split("://", 1)[-1] != request.headers.get("host")):
-                return JSONResponse({"error": {"type": "ForbiddenError", "message": "cross-site request refused",
-                                               "exit_code": 7}}, status_code=403)
+            if not hmac.compare_digest(str(form.get("csrf") or ""), csrf_for(token)) or _cross_site(request):
+                return _cross_site_refused()
         principal = principal_for(record)
 
         def post():
@@ -148,7 +149,10 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
             session_id = _field(form, "session_id")
             if not session_id:
                 raise UsageError("pick a session")
-            if _field(form, "kind") == "signal":
+            kind = _field(form, "kind") or "note"
+            if kind not in ("note", "signal"):  # a typo must not post the form's text as a note
+                raise UsageError(f"kind must be note or signal, not {kind!r}")
+            if kind == "signal":
                 return poster.post(record["name"], agent_id, session_id, to=_field(form, "to"),
                                    content=_field(form, "content"), type=_field(form, "type") or "inform")
             return poster.post(record["name"], agent_id, session_id, note=_field(form, "text"))
@@ -162,6 +166,10 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
         return HTMLResponse(_PAGE.read_text(encoding="utf-8"), headers=_PAGE_HEADERS)
 
     async def login(request: Request) -> Response:
+        # another site's page auto-submitting this form would sign the browser in with a token of its choosing
+        # (SameSite=Strict keeps the cookie from being sent cross-site, not from being set by the answer)
+        if _cross_site(request):
+            return _cross_site_refused()
         form = await _read_form(request, LOGIN_BODY_MAX)
         if isinstance(form, Response):
             return form
@@ -222,11 +230,13 @@ class TeamApp:
         return await self.app(scope, receive, send)
 
 
-# nothing on the page comes from elsewhere, and nothing else may frame it
+# nothing on the page comes from elsewhere, and nothing else may frame it; no address of ours is told to
+# another site, while our own requests carry our origin (under no-referrer a browser sends `Origin: null` with
+# the sign-in form, which could not be told from another site's sandboxed page)
 _PAGE_HEADERS = {
     "content-security-policy": "default-src 'self'; script-src 'self' 'unsafe-inline'; "
                                "style-src 'self' 'unsafe-inline'; img-src 'self' data:; frame-ancestors 'none'",
-    "x-content-type-options": "nosniff", "referrer-policy": "no-referrer", "cache-control": "no-store",
+    "x-content-type-options": "nosniff", "referrer-policy": "same-origin", "cache-control": "no-store",
 }
 
 
@@ -249,10 +259,29 @@ async def _read_form(request: Request, limit: int) -> dict | Response:
         if len(body) > limit:
             return _bad_body(413, f"a form may be at most {limit} bytes")
     try:
-        # as starlette decodes a form: bytes as latin-1, %-escapes as UTF-8 (an invalid one replaced)
-        return dict(parse_qsl(body.decode("latin-1"), keep_blank_values=True, max_num_fields=FORM_FIELDS_MAX))
+        # the bytes of a field, raw or %-escaped, are UTF-8 (WHATWG's URL-encoded parser; curl -d sends them
+        # raw), an invalid sequence replaced: each byte kept as one latin-1 character, then decoded once
+        fields = parse_qsl(body.decode("latin-1"), keep_blank_values=True, max_num_fields=FORM_FIELDS_MAX,
+                           encoding="latin-1")
     except ValueError:
         return _bad_body(400, f"a form may have at most {FORM_FIELDS_MAX} fields")
+    return {_utf8(name): _utf8(value) for name, value in fields}
+
+
+def _utf8(latin1: str) -> str:
+    return latin1.encode("latin-1").decode("utf-8", "replace")
+
+
+def _cross_site(request: Request) -> bool:
+    """Whether a browser sent this request from a page of another origin than this server's (no Origin: not
+    a browser's cross-site post, which always carries one)."""
+    origin = request.headers.get("origin")
+    return origin is not None and origin.split("://", 1)[-1] != request.headers.get("host")
+
+
+def _cross_site_refused() -> JSONResponse:
+    return JSONResponse({"error": {"type": "ForbiddenError", "message": "cross-site request refused",
+                                   "exit_code": 7}}, status_code=403)
 
 
 def _bad_body(status: int, message: str) -> JSONResponse:

@@ -88,7 +88,7 @@ def run(state_dir, *, host: str, port: int, certfile=None, keyfile=None, loopbac
     check_can_listen(host, port, certfile, keyfile)
     tls = certfile is not None
     http, uvloop = http_stack()
-    app = create_app(state_dir, loopback=loopback, secure=tls, force_polling=force_polling)
+    app = create_app(state_dir, loopback=loopback, secure=tls, force_polling=force_polling, host=host)
     # no access log: nothing reads it, and formatting a line per request costs every call
     config = uvicorn.Config(app, host=host, port=port, ssl_certfile=certfile, ssl_keyfile=keyfile, http=http,
                             log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=2)
