@@ -7,11 +7,12 @@ note or a signal as the token's identity. The web page (synapolis/web/) only ren
 
 from __future__ import annotations
 
+import hmac
 import threading
 from datetime import datetime
 
 from . import actions, board, overview, signals
-from .errors import ForbiddenError, NoIdentityError, SynapolisError, UsageError
+from .errors import NoIdentityError, SynapolisError, UsageError
 from .identity import Who
 from .sessions import active_sessions, each_store
 from .store import store_for
@@ -56,57 +57,51 @@ class Poster:
     or the agent the person names (a token that is not pinned may act as anyone, as over MCP).
 
     A person is registered in the session on their first post (harness `dashboard`) and then declared
-    `stopped`, so the watchdog never treats them as an agent that died; the run token that registration
-    returned is kept here for their later posts.
+    `stopped`, so the watchdog never treats them as an agent that died. Their run token is derived from the
+    bearer token that posts (`person_run_token`), not kept: after a restart the same token presents the same
+    run token, and another token presents another one, which require_run_token refuses.
     """
 
     def __init__(self, ws_of):
         self._ws_of = ws_of  # () -> the Workspace as of now (its config may change)
-        self._run_tokens: dict = {}
         # one post at a time per agent: two first posts at once (a double click, two tabs) each registered
-        # them, and the second registration was ConflictError (already active) or replaced the first's run token
+        # them, and the second registration was ConflictError (already active)
         self._locks: dict = {}
 
-    def post(self, token_name: str, agent_id: str, session_id: str, *, note: str | None = None,
+    def post(self, bearer: str, agent_id: str, session_id: str, *, note: str | None = None,
              to: str | None = None, content: str | None = None, type: str = "inform") -> dict:
         ws = self._ws_of()
         if (note is None) == (content is None):
             raise UsageError("post a note or a signal")
-        key = (token_name, agent_id, session_id)
-        # setdefault: atomic, the posts' threads race here; per agent, whichever token posts as it
-        with self._locks.setdefault((agent_id, session_id), threading.Lock()):
-            return self._post(ws, key, note=note, to=to, content=content, type=type)
-
-    def _post(self, ws, key, *, note, to, content, type) -> dict:
-        _token_name, agent_id, session_id = key
-        who = Who(agent_id, session_id, self._run_tokens.get(key), named_only=True)
+        run_token = person_run_token(bearer, agent_id, session_id)
 
         def act(who):
             if note is not None:
                 return actions.note(ws, who, note, env={}, piggyback=False)
             return actions.signal(ws, who, to, content, type=type, env={}, piggyback=False)
 
-        try:
-            return act(who)
-        except NoIdentityError:
-            pass  # not in the session yet: registered below
-        except ForbiddenError:
-            # the person's run token lives in this process's memory only: after a restart there is none (or a
-            # stale one), and with require_run_token every post of theirs was refused for good. A registration
-            # the page made (harness `dashboard`) is taken over again; a real agent's stays refused.
-            if not _page_registered(ws, agent_id, session_id):
-                raise
-        started = actions.start(ws, agent_id=agent_id, session_id=session_id, harness=PAGE_HARNESS, env={},
-                                piggyback=False, write_identity=False)
-        self._run_tokens[key] = started["run_token"]
-        who = Who(agent_id, session_id, started["run_token"], named_only=True)
-        try:
-            return act(who)
-        finally:
-            actions.beat(ws, who, status="stopped", env={}, piggyback=False)
+        # setdefault: atomic, the posts' threads race here; per agent, whichever token posts as it
+        with self._locks.setdefault((agent_id, session_id), threading.Lock()):
+            # without require_run_token an unpinned token may act as anyone registered, as over MCP: the run
+            # token is shown only where it is required
+            presented = run_token if ws.config.require_run_token else None
+            try:
+                return act(Who(agent_id, session_id, presented, named_only=True))
+            except NoIdentityError:
+                pass  # not in the session yet: registered below
+            started = actions.start(ws, agent_id=agent_id, session_id=session_id, harness=PAGE_HARNESS, env={},
+                                    run_token=run_token, piggyback=False, write_identity=False)
+            who = Who(agent_id, session_id, started["run_token"], named_only=True)
+            try:
+                return act(who)
+            finally:
+                actions.beat(ws, who, status="stopped", env={}, piggyback=False)
 
 
-def _page_registered(ws, agent_id: str, session_id: str) -> bool:
-    """Whether `agent_id` is registered in the session by the page (a person), not by an agent's harness."""
-    agents = actions.list_agents(ws, Who(named_only=True), session_id=session_id, env={}, piggyback=False)["agents"]
-    return any(a["id"] == agent_id and a["harness"] == PAGE_HARNESS for a in agents)
+def person_run_token(bearer: str, agent_id: str, session_id: str) -> str:
+    """The run token of the page's person `agent_id` in `session_id` posting with the bearer token `bearer`: an
+    HMAC under that bearer token, so only its holder's posts present it, the same one after a restart of the
+    server, and no secret of the server's need be kept for it."""
+    mac = hmac.new(bearer.encode("utf-8", "surrogatepass"), f"dashboard-person\0{session_id}\0{agent_id}".encode(),
+                   "sha256")
+    return mac.hexdigest()[:32]  # 128 bits, as identity.new_token's

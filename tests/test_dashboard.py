@@ -254,10 +254,11 @@ def test_a_config_broken_while_serving_is_an_error_answer_not_a_500(served, cli)
 
 
 def test_with_run_tokens_required_the_page_still_posts_after_the_server_restarts(state_dir, cli):
-    """The page's person is registered on their first post and the run token kept in the server's memory;
-    with require_run_token on, a restarted server had none for them, every post was ForbiddenError (exit 7)
-    and nothing ever re-registered them: the page could not post in that session again. A registration of
-    the page's own (harness `dashboard`) is now taken over again; a real agent's never is."""
+    """The page's person is registered on their first post; their run token was kept in the server's memory,
+    so with require_run_token on a restarted server had none for them, every post was ForbiddenError (exit 7)
+    and nothing ever re-registered them: the page could not post in that session again. The run token is now
+    derived from the bearer token that posts: the same after a restart, another for another token (refused,
+    as before), and a real agent's registration is never the page's to post as."""
     from conftest import configure, start_server, stop
     from synapolis.workspace import Workspace
 
@@ -265,6 +266,7 @@ def test_with_run_tokens_required_the_page_still_posts_after_the_server_restarts
     configure(Workspace.open(state_dir), require_run_token=True)
     carol = json.loads(cli("tokens", "create", "carol", "--agent", "carol", "--json").stdout)["token"]
     as_alice = json.loads(cli("tokens", "create", "al", "--agent", "alice", "--json").stdout)["token"]
+    other = json.loads(cli("tokens", "create", "other", "--json").stdout)["token"]  # unpinned: names its agent
     note = {"kind": "note", "session_id": session}
     for run in ("before", "after"):
         proc, url = start_server(state_dir)
@@ -275,6 +277,10 @@ def test_with_run_tokens_required_the_page_still_posts_after_the_server_restarts
             with httpx2.Client(base_url=url, timeout=10, headers={"authorization": f"Bearer {as_alice}"}) as http:
                 # the agent alice's registration is not the page's: its run token is never taken over
                 refused = http.post("/api/post", data={**note, "text": "as the agent alice"})
+                assert refused.status_code == 403 and refused.json()["error"]["type"] == "ForbiddenError"
+            with httpx2.Client(base_url=url, timeout=10, headers={"authorization": f"Bearer {other}"}) as http:
+                # carol's run token is her token's: another token naming carol does not present it
+                refused = http.post("/api/post", data={**note, "agent_id": "carol", "text": "as carol, by another"})
                 assert refused.status_code == 403 and refused.json()["error"]["type"] == "ForbiddenError"
         finally:
             stop(proc)

@@ -153,9 +153,9 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
             if kind not in ("note", "signal"):  # a typo must not post the form's text as a note
                 raise UsageError(f"kind must be note or signal, not {kind!r}")
             if kind == "signal":
-                return poster.post(record["name"], agent_id, session_id, to=_field(form, "to"),
+                return poster.post(token, agent_id, session_id, to=_field(form, "to"),
                                    content=_field(form, "content"), type=_field(form, "type") or "inform")
-            return poster.post(record["name"], agent_id, session_id, note=_field(form, "text"))
+            return poster.post(token, agent_id, session_id, note=_field(form, "text"))
 
         return JSONResponse(await anyio.to_thread.run_sync(post))
 
