@@ -120,7 +120,9 @@ def _build():
     if "cli" in globals():
         return globals()["cli"]
 
-    class LazyGroup(click.Group):
+    from .common import CommandGroup
+
+    class LazyGroup(CommandGroup):
         """A group that imports a command's module only when that command runs (or help lists it)."""
 
         def list_commands(self, ctx):
@@ -136,9 +138,7 @@ def _build():
         def invoke(self, ctx):
             return run_guarded(lambda: super(LazyGroup, self).invoke(ctx), ctx)
 
-    # no_args_is_help=False: a bare `synapolis` is click's one-line "Missing command." (exit 2), not the
-    # whole help printed as a UsageError; `--help` shows the help
-    @click.group(cls=LazyGroup, no_args_is_help=False, context_settings={"help_option_names": ["-h", "--help"]})
+    @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
     @click.option("--state-dir", type=click.Path(file_okay=False), default=None,
                   help="The state directory (else $SYNAPOLIS_STATE_DIR, the nearest state/, ./state).")
     @click.version_option(package_name="synapolis", prog_name="synapolis")

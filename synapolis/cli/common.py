@@ -11,6 +11,16 @@ from ..workspace import Workspace
 from .text import ago, more_line, one_line, render, signal_line, table, terminal_safe, with_pending  # noqa: F401
 
 
+class CommandGroup(click.Group):
+    """A group of commands that, run bare, says in one line where its commands are listed (exit 2): click's
+    default prints the whole help, which the CLI's one-line error would fold into a single unreadable line."""
+
+    def parse_args(self, ctx, args):
+        if not args:
+            raise click.UsageError(f"missing command: `{ctx.command_path} --help` lists them", ctx)
+        return super().parse_args(ctx, args)
+
+
 # Options that many commands take are built once and shared: constructing the five identity
 # options for each of a dozen commands was ~2 ms of every CLI call. A click Option holds only its
 # declaration; the values of one call live in that call's context.

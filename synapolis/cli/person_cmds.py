@@ -8,7 +8,7 @@ import sys
 import click
 
 from ..harness.hooks import HARNESS_NAMES
-from .common import emit, json_option, workspace
+from .common import CommandGroup, emit, json_option, workspace
 
 
 def _tty() -> bool:
@@ -37,7 +37,7 @@ def hook_cmd(ctx, harness):
     run_hook(harness, _state_dir(ctx))
 
 
-@click.group("hooks", no_args_is_help=False)  # bare: one-line "Missing command." (cli.main)
+@click.group("hooks", cls=CommandGroup)
 def hooks_group():
     """Wire a harness up: add or remove synapolis's hook entries in its project settings file.
 

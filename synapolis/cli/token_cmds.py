@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from .common import ago, emit, json_option, pass_workspace, table
+from .common import CommandGroup, ago, emit, json_option, pass_workspace, table
 
 
-@click.group("tokens", no_args_is_help=False)  # bare: one-line "Missing command." (cli.main)
+@click.group("tokens", cls=CommandGroup)
 def tokens_group():
     """Bearer tokens for `synapolis serve`: create (shown once), list, revoke.
 
