@@ -97,6 +97,21 @@ def test_a_copy_of_a_session_folder_is_not_a_second_session(tmp_path):
     assert copy["session_id"] == session and copy["status"] == "active"
 
 
+def test_a_session_whose_database_was_removed_says_how_to_go_on(tmp_path):
+    """A removed session.db left its session.json active: every plain `start` chose that session and was exit 6
+    naming the missing file, without saying that a new session is the way on. It says so now, and that way works."""
+    state = tmp_path / "state"
+    assert synapolis(state, "start", "--agent-id", "alice").returncode == 0
+    session = json.loads((state / "identity.json").read_text())["session_id"]
+    (state / "sessions" / session / "session.db").unlink()
+    line = refused(synapolis(state, "start", "--agent-id", "bob"), 6, "NotFoundError")
+    assert "session.db" in line and "start --new-session" in line
+    out = synapolis(state, "start", "--agent-id", "bob", "--new-session", "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["session_id"] != session
+    assert (state / "sessions" / json.loads(out.stdout)["session_id"] / "session.db").is_file()
+
+
 # -- validate-heartbeat on a heartbeats folder it cannot list -----------------------------------------------
 
 def test_validate_heartbeat_on_an_unlistable_heartbeats_folder_is_one_line_not_a_traceback(tmp_path):

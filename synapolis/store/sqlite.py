@@ -521,7 +521,10 @@ class SessionStore(base.SessionStore):
         path = ws.files.session_db(session_id)
         if not os.path.exists(path):
             if not create:
-                raise NotFoundError(f"unknown session {session_id!r}: no {path}")
+                # said whole: a plain `start` keeps choosing a session whose database was removed, and the
+                # way on is a new session
+                raise NotFoundError(f"unknown session {session_id!r}: no {path} (its database is gone: "
+                                    "`synapolis start --new-session` begins another)")
             create_private(path)
         store = cls(path, session_id, int(ws.config.busy_timeout_ms))
         try:
