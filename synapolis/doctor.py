@@ -13,7 +13,7 @@ from .harness import install as hook_install
 from .atomic import TEMP_PREFIX, TEMP_SUFFIX, old_temp_files, read_bytes
 from .config import check_config, notify_problems
 from .errors import UsageError
-from .paths import CONFIG_NAME
+from .paths import CONFIG_NAME, working_directory
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 
@@ -490,7 +490,9 @@ def run_doctor(root: Path | str, project_dir: Path | str | None = None, *, mount
     Takes the path, not a Workspace: opening one refuses a broken config, which is a finding here.
     """
     root = Path(root).absolute()
-    project = Path(project_dir or os.getcwd()).absolute()
+    project = Path(project_dir or ".")  # the harnesses' project: the working directory by default
+    if not project.is_absolute():  # only then is the working directory asked for (it may have been removed)
+        project = Path(working_directory("--project-dir"), project)
     findings = []
     findings += check_writable(root)
     findings += check_local_fs(root, mounts_file)

@@ -17,14 +17,16 @@ CONFIG_NAME = "synapolis.json"
 ENV_STATE_DIR = "SYNAPOLIS_STATE_DIR"
 
 
-def _working_directory() -> str:
+def working_directory(instead: str = f"--state-dir (or set {ENV_STATE_DIR})") -> str:
+    """os.getcwd(), or UsageError (exit 2) saying what to do when the folder was removed under the caller:
+    pass `instead` as an absolute path, or cd to an existing folder."""
     try:
         return os.getcwd()
     except FileNotFoundError:
         from .errors import UsageError
 
-        raise UsageError("the working directory no longer exists: pass --state-dir (or set "
-                         f"{ENV_STATE_DIR}) as an absolute path, or cd to an existing folder") from None
+        raise UsageError(f"the working directory no longer exists: pass {instead} as an absolute path, or cd "
+                         "to an existing folder") from None
 
 
 def _absolute(path: str | os.PathLike) -> str:
@@ -34,7 +36,7 @@ def _absolute(path: str | os.PathLike) -> str:
     if not os.path.isabs(text):
         # only a relative path needs the working directory: an absolute one must work from a folder that
         # was removed under the caller (an agent's shell in a deleted worktree)
-        text = os.path.join(_working_directory(), text)
+        text = os.path.join(working_directory(), text)
     if os.name == "nt":  # pragma: no cover - drive letters and UNC shares
         return os.path.abspath(text)
     parts = text.split("/")
@@ -53,7 +55,7 @@ def locate_state_dir(explicit: str | os.PathLike | None = None, env=None, cwd: s
         return _absolute(explicit)
     if env.get(ENV_STATE_DIR):
         return _absolute(env[ENV_STATE_DIR])
-    here = folder = _absolute(cwd or _working_directory())
+    here = folder = _absolute(cwd or working_directory())
     while True:
         candidate = os.path.join(folder, "state")
         if os.path.isfile(os.path.join(candidate, CONFIG_NAME)):

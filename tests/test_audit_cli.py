@@ -212,3 +212,9 @@ def test_an_absolute_state_dir_works_from_a_working_directory_that_was_removed(t
     assert hook.returncode == 0 and "additionalContext" in hook.stdout, hook.stderr
     line = refused(from_gone("status"), 2, "UsageError")  # nothing names the state directory
     assert "working directory" in line
+    # doctor checks the harnesses' project, by default the working directory: gone, it says so (it was exit 1,
+    # 'InternalError: No such file or directory'); with --project-dir it runs
+    line = refused(from_gone("--state-dir", state, "doctor"), 2, "UsageError")
+    assert "working directory" in line
+    doctor = from_gone("--state-dir", state, "doctor", "--project-dir", tmp_path, "--json")
+    assert json.loads(doctor.stdout)["project_dir"] == str(tmp_path), doctor.stderr
