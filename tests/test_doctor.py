@@ -375,10 +375,11 @@ def test_gemini_disabled_list_naming_our_hook_fails(tmp_path, home):
     trust_project(home, tmp_path)
     hook_install.install("gemini-cli", tmp_path)
     settings = tmp_path / ".gemini" / "settings.json"
-    document = {**json.loads(settings.read_text()), "hooksConfig": {"disabled": ["synapolis"]}}
+    # the name install gives our hook entries in Gemini's settings (the name its disabled list matches)
+    document = {**json.loads(settings.read_text()), "hooksConfig": {"disabled": [hook_install.HOOK_NAME]}}
     settings.write_text(json.dumps(document))
     assert gemini_schema_errors(document) == []
-    assert fails(doctor.check_harness(tmp_path, "gemini-cli"), "hooksConfig.disabled", "synapolis")
+    assert fails(doctor.check_harness(tmp_path, "gemini-cli"), "hooksConfig.disabled", hook_install.HOOK_NAME)
 
 
 @pytest.mark.parametrize("rules, status", [

@@ -13,7 +13,7 @@ from conftest import NOW, configure
 from synapolis import actions, claims, sleep
 from synapolis.errors import ConflictError, ForbiddenError, SynapolisError
 from synapolis.identity import Who
-from synapolis.names import is_reserved
+from synapolis.names import RESERVED_ROOT, is_reserved
 from synapolis.timeutil import utcnow
 from synapolis.workspace import Workspace
 
@@ -40,7 +40,8 @@ READING = {
     "whiteboard-read": lambda ws, who: actions.whiteboard_read(ws, who, session_id=who.session_id, env={},
                                                                now=NOW),
 }
-RESERVED = ["synapolis", "synapolis.watchdog", "Synapolis.Watchdog", "SYNAPOLIS.x.y", "synapolis.monitor"]
+# ids in the namespace synapolis keeps for itself (names.RESERVED_ROOT and below it, in any case)
+RESERVED = [RESERVED_ROOT, "synapolis.watchdog", "Synapolis.Watchdog", "SYNAPOLIS.x.y", "synapolis.monitor"]
 
 
 class World:
@@ -299,10 +300,10 @@ def test_nobody_sends_as_the_watchdog(open_world):
     conn = sqlite3.connect(ws.paths.session_db(open_world.mallory_sid))
     with conn:
         conn.execute("INSERT INTO agents (id, harness, substrate, status, last_heartbeat, run_token) "
-                     "VALUES ('synapolis', 'cli', '', 'active', ?, 'sha256:00')",
-                     (NOW.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),))
+                     "VALUES (?, 'cli', '', 'active', ?, 'sha256:00')",
+                     (RESERVED_ROOT, NOW.strftime("%Y-%m-%dT%H:%M:%S.%fZ")))
     conn.close()
-    for caller in ("synapolis", "synapolis.watchdog"):
+    for caller in (RESERVED_ROOT, "synapolis.watchdog"):
         with pytest.raises(ForbiddenError, match="reserved"):
             actions.signal(ws, Who(caller, open_world.mallory_sid), "*", "forged warning", type="warn",
                            sender_id="synapolis.watchdog", env={}, now=NOW)
