@@ -7,6 +7,15 @@ import os
 from .atomic import atomic_write_json, read_json
 from .errors import UsageError
 
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+STORE_RULE = '"sqlite" or a postgresql:// URL'  # what `store` (and SYNAPOLIS_STORE_URL) may be
+
+
+def is_store_url(value) -> bool:
+    """Whether `value` names a store synapolis has: "sqlite", or a PostgreSQL URL."""
+    return isinstance(value, str) and (value == "sqlite" or value.startswith(POSTGRES_SCHEMES))
+
+
 DEFAULTS: dict = {
     "stale_after_s": 300,
     "dead_after_s": 3600,
@@ -72,9 +81,8 @@ def check_config(document) -> list[str]:
     if "require_run_token" in document and not isinstance(document["require_run_token"], bool):
         problems.append("require_run_token must be true or false")
     if "store" in document:
-        store = document["store"]
-        if not isinstance(store, str) or not (store == "sqlite" or store.startswith(("postgresql://", "postgres://"))):
-            problems.append("store must be \"sqlite\" or a postgresql:// URL")
+        if not is_store_url(document["store"]):
+            problems.append(f"store must be {STORE_RULE}")
     esc = document.get("escalation", {})
     if not isinstance(esc, dict):
         problems.append("escalation must be an object")

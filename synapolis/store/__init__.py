@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from datetime import datetime, timezone
 
+from ..config import POSTGRES_SCHEMES, STORE_RULE, is_store_url
 from ..errors import UsageError
 
 from .base import SessionStore as SessionStoreBase, Store, Transaction  # noqa: F401
@@ -32,19 +33,19 @@ def store_url(ws, env=None) -> str:
     """The configured store: "sqlite" or a postgresql:// URL (the environment first, then the config)."""
     env = os.environ if env is None else env
     named = (env.get(ENV_STORE_URL) or "").strip()
-    if named and named != "sqlite" and not is_postgres_url(named):
+    if named and not is_store_url(named):
         # the config's `store` is checked when it loads; the variable must be too, or a typo in the
         # scheme ("postgresq://", "mysql://") would quietly give this machine a swarm of its own.
         # Only the scheme is echoed: the rest may hold a password
         scheme = named.partition("://")[0] if "://" in named else ""
-        raise UsageError(f'{ENV_STORE_URL} must be "sqlite" or a postgresql:// URL'
+        raise UsageError(f"{ENV_STORE_URL} must be {STORE_RULE}"
                          + (f", not a {scheme[:20]!r} URL" if scheme.isalnum() else ""))
     url = named or ws.config.values.get("store") or "sqlite"
     return url.strip() if isinstance(url, str) else "sqlite"
 
 
 def is_postgres_url(url: str) -> bool:
-    return url.startswith(("postgresql://", "postgres://"))
+    return url.startswith(POSTGRES_SCHEMES)
 
 
 def store_for(ws) -> Store:

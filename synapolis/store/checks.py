@@ -7,10 +7,11 @@ def check_store(root, env=None) -> list[dict]:
     """Findings (check, status ok|warn|fail, message, fix) about the store of state directory `root`."""
     import time
 
+    from ..config import STORE_RULE
     from ..errors import SynapolisError
     from ..timeutil import utcnow
     from ..workspace import Workspace
-    from . import store_for, store_url
+    from . import ENV_STORE_URL, store_for, store_url
 
     def finding(status, message, fix=None, **extra):
         return {"check": "store", "status": status, "message": message, "fix": fix, **extra}
@@ -22,7 +23,7 @@ def check_store(root, env=None) -> list[dict]:
     try:
         store_url(ws, env)
     except SynapolisError as exc:  # SYNAPOLIS_STORE_URL names no store we know: a finding, not a failed doctor
-        return [finding("fail", exc.message, 'set SYNAPOLIS_STORE_URL to "sqlite" or a postgresql:// URL, or unset it')]
+        return [finding("fail", exc.message, f"set {ENV_STORE_URL} to {STORE_RULE}, or unset it")]
     try:
         store = store_for(ws)
     except SynapolisError as exc:  # a PostgreSQL URL without the driver
