@@ -24,7 +24,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Route
 
 from .. import dashboard, overview
-from ..errors import SynapolisError, UsageError
+from ..errors import ForbiddenError, SynapolisError, UsageError
 from ..mcp.http import BearerGate, bearer, principal_for, session_manager
 from ..mcp.server import create_server
 from ..tokens import TokenBook, digest
@@ -260,16 +260,11 @@ async def _read_form(request: Request, limit: int) -> dict | Response:
             return _bad_body(413, f"a form may be at most {limit} bytes")
     try:
         # the bytes of a field, raw or %-escaped, are UTF-8 (WHATWG's URL-encoded parser; curl -d sends them
-        # raw), an invalid sequence replaced: each byte kept as one latin-1 character, then decoded once
-        fields = parse_qsl(body.decode("latin-1"), keep_blank_values=True, max_num_fields=FORM_FIELDS_MAX,
-                           encoding="latin-1")
+        # raw), an invalid sequence replaced: the raw ones decoded here, the escaped ones by parse_qsl
+        return dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True,
+                              max_num_fields=FORM_FIELDS_MAX))
     except ValueError:
         return _bad_body(400, f"a form may have at most {FORM_FIELDS_MAX} fields")
-    return {_utf8(name): _utf8(value) for name, value in fields}
-
-
-def _utf8(latin1: str) -> str:
-    return latin1.encode("latin-1").decode("utf-8", "replace")
 
 
 def _cross_site(request: Request) -> bool:
@@ -280,8 +275,7 @@ def _cross_site(request: Request) -> bool:
 
 
 def _cross_site_refused() -> JSONResponse:
-    return JSONResponse({"error": {"type": "ForbiddenError", "message": "cross-site request refused",
-                                   "exit_code": 7}}, status_code=403)
+    return JSONResponse(ForbiddenError("cross-site request refused").to_json(), status_code=403)
 
 
 def _bad_body(status: int, message: str) -> JSONResponse:
