@@ -74,7 +74,7 @@ class BearerGate:
         # new token given the name of a revoked one (its hash, not its name, says which token it is)
         scope["user"] = AuthenticatedUser(AccessToken(
             token="-", client_id=f"synapolis-token:{record['name']}:{digest(presented)}", scopes=[]))
-        send = self._streams_end_when_revoked(scope, send)
+        send = self._streams_end_when_revoked(presented, send)
         if self.on_end is None or scope.get("method") != "DELETE":
             return await self.app(scope, receive, send)
         status = []
@@ -90,14 +90,13 @@ class BearerGate:
             self.on_end(("http", session_id))
 
 
-    def _streams_end_when_revoked(self, scope, send):
+    def _streams_end_when_revoked(self, presented, send):
         """`send`, for a response that streams (the standing GET stream, a 2026-07-28 listen stream): each
-        event it carries is sent only while the request's token is still valid. Revocation
+        event it carries is sent only while the request's token (`presented`) is still valid. Revocation
         applies from the next request (§13), and a stream is one request that lasts: once the token is
         revoked (or tokens.json changed to refuse it) the stream is ended before the next push or keepalive,
         which would tell a revoked holder what changed. Ending the response also ends the SDK's side: the
         server's receive() answers http.disconnect once the response is complete."""
-        presented = bearer(scope.get("headers") or [])
         state = {"streaming": False, "ended": False}
         book = self.book
 
