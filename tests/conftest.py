@@ -177,6 +177,17 @@ def clean_env(extra: dict | None = None, **more) -> dict:
 _cli_env = clean_env  # its old name, for branches that still use it
 
 
+def refused(result, code: int = 2, type_name: str = "UsageError") -> str:
+    """Assert that a CLI run (text or bytes) failed with exit `code` and one line on stderr, an error of
+    `type_name` (the contract's "synapolis: <Type>: <message>"), no traceback and no "unexpected"; the line."""
+    err = result.stderr.decode() if isinstance(result.stderr, bytes) else result.stderr
+    assert result.returncode == code, (result.returncode, err)
+    assert "Traceback" not in err and "unexpected" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"synapolis: {type_name}: "), err
+    return lines[0]
+
+
 def stop(proc, timeout: float = 10) -> int:
     """End a child process a test started, whatever it is doing: SIGTERM, SIGKILL after `timeout`, reaped.
     Its exit code."""

@@ -11,21 +11,12 @@ import subprocess
 
 from synapolis.harness.hooks import agent_id_for
 
-from conftest import clean_env, console_script
+from conftest import clean_env, console_script, refused
 
 
 def synapolis(state_dir, *args, env=None, input=None, timeout=60):
     cmd = [console_script("synapolis"), "--state-dir", str(state_dir), *map(str, args)]
     return subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout, env=clean_env(env))
-
-
-def refused(result, code: int, type_name: str) -> str:
-    """Assert a one-line error of `type_name` with exit `code` and no traceback; the line."""
-    assert result.returncode == code, (result.returncode, result.stderr)
-    assert "Traceback" not in result.stderr, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"synapolis: {type_name}: "), result.stderr
-    return lines[0]
 
 
 # -- SYNAPOLIS_STORE_URL -----------------------------------------------------------------------------

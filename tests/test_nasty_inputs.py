@@ -16,7 +16,7 @@ from synapolis.errors import UsageError
 from synapolis.identity import Who
 from synapolis.schemas import validation_errors
 
-from conftest import clean_env, console_script, synapolis_cmd
+from conftest import clean_env, console_script, refused, synapolis_cmd
 
 DEEP = "[" * 100_000  # json nests past the interpreter's stack: RecursionError, not JSONDecodeError
 
@@ -26,16 +26,6 @@ def raw_cli(state_dir, *args, input=None, stdin=None, timeout=60):
     cmd = [sys.executable.encode(), b"-m", b"synapolis", b"--state-dir", os.fsencode(str(state_dir)),
            *[a if isinstance(a, bytes) else a.encode() for a in args]]
     return subprocess.run(cmd, input=input, stdin=stdin, capture_output=True, timeout=timeout, env=clean_env())
-
-
-def refused(result, code: int = 2, type_name: str = "UsageError") -> str:
-    """Assert a one-line error of type `type_name` with exit `code`, no traceback; the message."""
-    err = result.stderr.decode() if isinstance(result.stderr, bytes) else result.stderr
-    assert result.returncode == code, err
-    assert "Traceback" not in err and "unexpected" not in err, err
-    assert len(err.strip().splitlines()) == 1, err
-    assert err.startswith(f"synapolis: {type_name}: "), err
-    return err
 
 
 @pytest.fixture
