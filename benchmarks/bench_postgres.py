@@ -5,9 +5,10 @@ on the same server.
 1. Sends per second in-process: `signals.send` in its own write transaction on the store, against a raw
    psycopg loop inserting one row per transaction into a table of the same shape (target: >= 0.3x).
    The whole verb `actions.signal` (identity, heartbeat file and copy, piggyback) is shown too, and the send's
-   own three statements from bare psycopg (the floor of any client). Twice: as the scheduler places the
-   connections, with this process and the database's backends pinned to one CPU, and with them pinned to
-   two (this process on one, the backends on the other: two machines' placement; `place`).
+   own three statements through the store's libpq calls with fixed arguments (the floor of any client) and
+   from a psycopg cursor. In three placements: as the scheduler places the connections, with this process and
+   the database's backends pinned to one CPU, and with them pinned to two (this process on one, the backends
+   on the other: two machines' placement; `place`).
 2. Eight writer processes on two state directories ("machines"), the same on SQLite (one machine) for scale.
 3. `synapolis signal` and a hook call with the PostgreSQL store against `python -c "import psycopg"`
    (target: <= 1.3x), interleaved runs, medians.
@@ -129,13 +130,15 @@ def bench_sends(tmp: Path, url: str, count: int, chunk: int = 20, placement: str
                 "lamport BIGINT, reply_to TEXT, UNIQUE (session_id, id))")
     raw.commit()
     store = open_session(ws, sid)
-    # the floor of any client: the send's own three statements (BEGIN; SELECT synapolis_send(...); COMMIT) from
-    # bare psycopg with fixed arguments, none of synapolis's Python around them (checks, id, audience, clock)
-    from synapolis.store.postgres import NOTIFY_CHANNEL, SEND_CALL, _key, _text_array
+    # the floor of any client: the send's own three statements (BEGIN; SELECT synapolis_send(...); COMMIT) with
+    # fixed arguments through the libpq calls the store makes, none of synapolis's Python around them (checks,
+    # id, audience, clock); and the same statement through a psycopg cursor's execute, as the store sent it before
+    from synapolis.store.postgres import NOTIFY_CHANNEL, SEND_CALL, _command, _execute_send, _key, _text_array
 
-    bare = psycopg.connect(url)
+    bare = psycopg.connect(url, autocommit=True)
+    through_cursor = psycopg.connect(url)
     rounds = max(count // chunk, 5)
-    rates = {"raw": [], "store": [], "composed": [], "verb": [], "bare": []}
+    rates = {"raw": [], "store": [], "composed": [], "verb": [], "bare": [], "cursor": []}
     kept = None
     if pinned:
         with store.write() as tx:  # the store's own connection is open before its backend is pinned
@@ -143,10 +146,14 @@ def bench_sends(tmp: Path, url: str, count: int, chunk: int = 20, placement: str
         kept = place(raw, placement)
         raw.commit()
         if kept is None:
-            raw.close()
-            bare.close()
+            for conn in (raw, bare, through_cursor):
+                conn.close()
             return None
     n = 0
+
+    def fixed_send(n, kind):
+        return (sid, f"{n:064x}", "2030-01-01T00:00:00.000000Z", "sender", "sink", "inform", f"{kind} {n}", "sender",
+                _text_array(["sink"]), float(10 ** 6), time.time(), _key(sid, "signals"), NOTIFY_CHANNEL, None)
 
     def store_sends(kind):  # `chunk` sends through signals.send, each in its own store write transaction
         started = time.perf_counter()
@@ -168,11 +175,16 @@ def bench_sends(tmp: Path, url: str, count: int, chunk: int = 20, placement: str
         started = time.perf_counter()
         for _i in range(chunk):
             n += 1
-            bare.execute(SEND_CALL, (sid, f"{n:064x}", "2030-01-01T00:00:00.000000Z", "sender", "sink", "inform",
-                                     f"bare {n}", "sender", _text_array(["sink"]), float(10 ** 6), time.time(),
-                                     _key(sid, "signals"), NOTIFY_CHANNEL, None))
-            bare.commit()
+            _command(bare, b"BEGIN")
+            _execute_send(bare, fixed_send(n, "bare"))
+            _command(bare, b"COMMIT")
         rates["bare"].append(chunk / (time.perf_counter() - started))
+        started = time.perf_counter()
+        for _i in range(chunk):
+            n += 1
+            through_cursor.execute(SEND_CALL, fixed_send(n, "cursor"))
+            through_cursor.commit()
+        rates["cursor"].append(chunk / (time.perf_counter() - started))
         store_sends("store")
         with composed_sends():  # the same sends without the store's one-call send: before, in this run
             store_sends("composed")
@@ -180,17 +192,15 @@ def bench_sends(tmp: Path, url: str, count: int, chunk: int = 20, placement: str
         for i in range(chunk // 4):
             actions.signal(ws, Who("sender", sid), "sink", f"verb {n} {i}", env={}, piggyback=False)
         rates["verb"].append((chunk // 4) / (time.perf_counter() - started))
-    raw.close()
-    bare.close()
+    for conn in (raw, bare, through_cursor):
+        conn.close()
     if kept is not None:
         close_all()  # the store's pinned connection goes; the benches after this one get new, unpinned ones
         os.sched_setaffinity(0, kept)
     out = {k: statistics.median(v) for k, v in rates.items()}
     out["raw_ratio"] = 1.0
-    out["bare_ratio"] = statistics.median(b / r for b, r in zip(rates["bare"], rates["raw"]))
-    out["store_ratio"] = statistics.median(s / r for s, r in zip(rates["store"], rates["raw"]))
-    out["composed_ratio"] = statistics.median(s / r for s, r in zip(rates["composed"], rates["raw"]))
-    out["verb_ratio"] = statistics.median(v / r for v, r in zip(rates["verb"], rates["raw"]))
+    for kind in ("bare", "cursor", "store", "composed", "verb"):
+        out[kind + "_ratio"] = statistics.median(k / r for k, r in zip(rates[kind], rates["raw"]))
     out["count"] = count
     return out
 
@@ -358,8 +368,10 @@ def main() -> None:
           for key, title in (
               ("raw", "raw psycopg single-row insert loop (baseline)"),
               ("store", "`signals.send` in a store write transaction"),
-              ("bare", "its three statements from bare psycopg, none of synapolis's Python (the floor of any client)"),
               ("composed", "the same, composed from single operations (before schema 7)"),
+              ("bare", "its three statements through the store's libpq calls, none of synapolis's Python (the floor "
+                       "of any client)"),
+              ("cursor", "the same statements from a psycopg cursor's execute (the store before stop 25)"),
               ("verb", "the whole verb `actions.signal` (heartbeat file, copy, registry)"))),
         "",
         "Unpinned, a round trip's cost here depends on where the scheduler put the client and its server "
@@ -376,7 +388,7 @@ def main() -> None:
                                       "user's, or one CPU): the target is judged unpinned."),
         "",
         f"Target: at least 0.3x the baseline — {'met' if ratio >= 0.3 else 'NOT met'} ({ratio:.2f}x"
-        f"{', client and server on two CPUs' if placed['split'] else ''}; the floor of any client, bare psycopg, "
+        f"{', client and server on two CPUs' if placed['split'] else ''}; the floor of any client, bare libpq calls, "
         f"{judged['bare_ratio']:.2f}x; on one CPU "
         + (f"{placed['one']['store_ratio']:.2f}x, floor {placed['one']['bare_ratio']:.2f}x" if placed["one"] else "-")
         + ").",
@@ -388,9 +400,11 @@ def main() -> None:
         "unique index (`ON CONFLICT`) instead of schema 7's planned `EXISTS`, whose plan, made while the table "
         "was new, read every earlier signal of the session (0.17x on a quiet machine, falling as the table "
         "grew); it also spends the token in one statement and returns three fields per audience row. "
-        "The client sends BEGIN and COMMIT with libpq's own call (`pgconn.exec_`) instead of a cursor's execute, "
-        "keeps one cursor for its connection and quotes the audience's `text[]` itself: about 401,000 "
-        "instructions of client work a send instead of 598,000 (callgrind; the baseline's insert loop: 148,000). "
+        "The client sends BEGIN, the send and COMMIT with libpq's own calls (`pgconn.exec_`; the send a statement "
+        "each connection prepares at its second send, `exec_prepared`) instead of a cursor's execute, and quotes "
+        "the audience's `text[]` itself: about 324,000 instructions of client work a send, of which 252,000 are "
+        "synapolis's own Python, against 369,000 with the send through a cursor and 598,000 before stop 21 "
+        "(callgrind; the baseline's insert loop: 157,000). "
         "docs/STORE.md (\"Round trips\") says what each step costs and what was tried. "
         "Both store rows take `now` from `Store.now()`, which runs on a monotonic anchor of the server's "
         "clock (a round trip every 30 s instead of one per send). "

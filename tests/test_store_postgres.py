@@ -413,6 +413,56 @@ def test_a_connection_dropped_inside_a_transaction_or_at_its_commit(machines):
         admin.close()
 
 
+def test_the_sends_prepared_statement_lives_with_its_connection(machines):
+    """The one-call send goes through libpq itself (store/postgres.py `_execute_send`): unprepared on a
+    connection's first send (a CLI call prepares nothing), prepared at its second; a rolled-back transaction
+    keeps it (the store rolls back past psycopg, which would DEALLOCATE ALL); a statement dropped anyway fails
+    one send with a one-line error, storing nothing, and the next send prepares it again. Text with a NUL is
+    refused whole, not cut short at it as libpq would cut a text parameter."""
+    from synapolis import signals
+    from synapolis.errors import InternalError, UsageError
+    from synapolis.store import clock, open_session, store_for
+
+    laptop, runner = machines
+    sid = actions.start(laptop, agent_id="alice", session_id="s1", env={})["session_id"]
+    actions.start(runner, agent_id="bob", session_id=sid, env={})
+    store = open_session(laptop, sid)
+
+    def send(content, type_="inform"):
+        with store.write() as tx:
+            return signals.send(tx, caller="alice", recipient="bob", content=content, now=clock(laptop),
+                                config=laptop.config, type_=type_)[0]
+
+    def prepared(ours=True):
+        names = [r["name"] for r in store_for(laptop).connection().execute("SELECT name FROM pg_prepared_statements")]
+        return [n for n in names if n == "synapolis_send"] if ours else names
+
+    send("one")
+    assert prepared() == []
+    send("two")
+    assert prepared() == ["synapolis_send"]
+    for _ in range(6):  # a query psycopg prepares for itself: it would deallocate all at a rollback it saw
+        with store.write() as tx:
+            tx.agent("alice")
+    assert len(prepared(ours=False)) > 1
+    with pytest.raises(UsageError):
+        send("refused inside the transaction", type_="shout")
+    with pytest.raises(UsageError, match="NUL character"):
+        send("cut\x00short")
+    assert prepared() == ["synapolis_send"]
+    send("three")
+    with store.write() as tx:
+        tx.cur.execute("DEALLOCATE ALL")
+    with pytest.raises(InternalError, match="prepared statement") as refused:
+        send("lost with the statement")
+    assert "\n" not in str(refused.value)
+    after = send("after")
+    assert prepared() == ["synapolis_send"]
+    stored = store_rows(laptop, sid, "SELECT sequence, content FROM signals ORDER BY sequence")
+    assert [r["content"] for r in stored] == ["one", "two", "three", "after"]
+    assert stored[-1]["sequence"] == after["sequence"]
+
+
 def test_candidates_reach_the_server_as_themselves(pg_url):
     """A directed send's candidates go to the server as a text[] literal built by the store (psycopg's list
     adaptation cost a third of the statement): every string, quoted and escaped, comes back as itself."""

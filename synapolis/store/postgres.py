@@ -23,8 +23,10 @@ How the guarantees hold with many writers on several machines (docs/STORE.md has
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
+import weakref
 from datetime import timedelta, timezone
 
 from ..errors import BusyError, InternalError, NotFoundError, UsageError
@@ -38,6 +40,7 @@ try:
     from psycopg.pq import ConnStatus, DiagnosticField, ExecStatus
 
     _COMMAND_OK, _CONNECTION_OK, _SQLSTATE = ExecStatus.COMMAND_OK, ConnStatus.OK, DiagnosticField.SQLSTATE
+    _TUPLES_OK = ExecStatus.TUPLES_OK
 except ImportError:  # pragma: no cover - exercised by a test with the driver hidden
     psycopg = None
 
@@ -320,6 +323,9 @@ _UNDELIVERED = (" AND NOT EXISTS (SELECT 1 FROM signal_deliveries d WHERE d.sess
 # candidates, rate, moment, insert lock key, NOTIFY channel, reserved sequence
 SEND_CALL = ("SELECT synapolis_send(%s, %s, %s, %s, %s, %s, %s, %s, %s::text[], %s::float8, %s::float8, %s, %s, "
              "%s::int8) AS out")
+# the same as the statement each connection prepares at its second send (`_execute_send`), parameters $1 to $14
+SEND_STATEMENT_NAME = b"synapolis_send"
+SEND_STATEMENT = (SEND_CALL % tuple(f"${i}" for i in range(1, 15))).encode()
 _LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 _TRY_LOCK = "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0)) AS got"
 
@@ -355,14 +361,66 @@ def _cause(exc: BaseException) -> str:
 def _command(conn, command: bytes) -> None:
     """BEGIN or COMMIT through libpq itself (`pgconn.exec_`, psycopg's documented low-level interface): a
     cursor's execute spends about 80,000 instructions on a command without parameters or rows, as much as the
-    send between them (docs/STORE.md, "Round trips"). A failure is raised as psycopg raises it: the class of
-    its SQLSTATE, or OperationalError when the connection is lost (the caller's retry and error translation
-    depend on that)."""
+    send between them (docs/STORE.md, "Round trips")."""
     result = conn.pgconn.exec_(command)
-    if result.status == _COMMAND_OK:
-        return
+    if result.status != _COMMAND_OK:
+        _raise_failure(conn, result, command.decode())
+
+
+# How far each connection is with SEND_STATEMENT: absent, never run; ONCE, run once unprepared (a process that
+# sends one signal, a CLI call, pays no round trip to prepare it); PREPARED. A prepared statement lasts as long as
+# its connection, whatever becomes of the transaction that prepared it, unless DEALLOCATE ALL drops it: psycopg
+# sends that when a ROLLBACK, DROP, ALTER or DISCARD runs through its cursor or `rollback()`, so the store rolls
+# back through `_command` and changes the schema only on a new connection (`_ensure_schema`), before any send.
+_SEND_STATE = weakref.WeakKeyDictionary()
+_ONCE, _PREPARED = 1, 2
+_NO_SUCH_STATEMENT = b"26000"  # SQLSTATE invalid_sql_statement_name
+
+
+def _execute_send(conn, params) -> bytes | None:
+    """The one value SEND_STATEMENT returns for `params`, through libpq itself (`pgconn.exec_params`, and from
+    the connection's second send on, prepared, `exec_prepared`). A cursor's execute of it spent 45,000
+    instructions more, adapting 14 parameters and loading the row (docs/STORE.md, "Round trips"). Parameters go
+    as text: str as UTF-8 (every connection's client_encoding), numbers as their repr, None as NULL."""
+    pgconn = conn.pgconn
+    values = [_text_param(value) for value in params]
+    state = _SEND_STATE.get(conn)
+    if state is None:
+        result = pgconn.exec_params(SEND_STATEMENT, values)
+        state = _ONCE
+    else:
+        if state == _ONCE:
+            prepared = pgconn.prepare(SEND_STATEMENT_NAME, SEND_STATEMENT)
+            if prepared.status != _COMMAND_OK:
+                _raise_failure(conn, prepared, "PREPARE")
+            state = _PREPARED
+        result = pgconn.exec_prepared(SEND_STATEMENT_NAME, values)
+    if result.status != _TUPLES_OK:
+        if result.error_field(_SQLSTATE) == _NO_SUCH_STATEMENT:
+            state = _ONCE  # dropped after all: this transaction fails, the connection's next send prepares again
+        _SEND_STATE[conn] = state
+        _raise_failure(conn, result, "EXECUTE")
+    _SEND_STATE[conn] = state
+    return result.get_value(0, 0)
+
+
+def _text_param(value) -> bytes | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        return repr(value).encode()
+    if "\x00" in value:
+        # libpq ends a text parameter at its first NUL, which would store the text cut short; psycopg's own
+        # adaptation refuses it with this error, which `_translate` turns into the user's one-line refusal
+        raise psycopg.DataError("PostgreSQL text fields cannot contain NUL (0x00) bytes")
+    return value.encode()
+
+
+def _raise_failure(conn, result, what: str) -> None:
+    """A failed libpq call raised as psycopg raises it: the class of its SQLSTATE, or OperationalError when
+    the connection is lost (the transaction's retry and error translation depend on that)."""
     message = (result.error_message or conn.pgconn.error_message or b"").decode("utf-8", "replace").strip()
-    message = message or f"{command.decode()} failed"
+    message = message or f"{what} failed"
     if conn.pgconn.status != _CONNECTION_OK:
         raise psycopg.OperationalError(message)
     state = result.error_field(_SQLSTATE)
@@ -517,10 +575,11 @@ class PostgresTransaction(base.Transaction):
         return sequence
 
     def send_signal(self, signal, *, caller, candidates, rate, moment):
-        out = self._one(SEND_CALL,
-                        (self.session_id, signal["id"], signal["timestamp"], signal["sender"], signal["recipient"],
-                         signal["type"], signal["content"], caller, _text_array(candidates), rate, moment,
-                         _key(self.session_id, "signals"), NOTIFY_CHANNEL, self._reserved))["out"]
+        out = json.loads(_execute_send(
+            self.cur.connection,
+            (self.session_id, signal["id"], signal["timestamp"], signal["sender"], signal["recipient"], signal["type"],
+             signal["content"], caller, _text_array(candidates), rate, moment, _key(self.session_id, "signals"),
+             NOTIFY_CHANNEL, self._reserved)))
         # an id stored already: signals.send retries with the next microsecond's id, which takes the number
         # this attempt drew (see synapolis_send)
         self._reserved = out.get("reserved")
@@ -816,7 +875,7 @@ class PostgresStore(base.Store):
     def _connect_options(self) -> dict:
         timeout = self.busy_timeout_ms
         return {"autocommit": True, "row_factory": dict_row, "connect_timeout": CONNECT_TIMEOUT_S,
-                "application_name": "synapolis",
+                "application_name": "synapolis", "client_encoding": "UTF8",
                 "options": f"-c lock_timeout={timeout} -c statement_timeout={timeout} "
                            "-c idle_in_transaction_session_timeout=60000 -c TimeZone=UTC"}
 
@@ -978,7 +1037,7 @@ class PostgresStore(base.Store):
         if conn.closed:
             return
         try:
-            conn.execute("ROLLBACK")
+            _command(conn, b"ROLLBACK")  # past psycopg, which would deallocate every prepared statement (_SEND_STATE)
         except Exception:  # noqa: BLE001 - a connection that cannot even roll back is not reused
             self._discard(conn)
 
