@@ -166,6 +166,11 @@ def synapolis_cmd(state_dir, *args) -> list[str]:
     return [sys.executable, "-m", "synapolis", "--state-dir", str(state_dir), *map(str, args)]
 
 
+def validate_heartbeat_cmd(state_dir, *args) -> list[str]:
+    """The `validate-heartbeat` console script of this install (console_script), on `state_dir`."""
+    return [console_script("validate-heartbeat"), "--state-dir", str(state_dir), *map(str, args)]
+
+
 def clean_env(extra: dict | None = None, **more) -> dict:
     """This process's environment without any SYNAPOLIS_* variable, plus `extra` and `more`: a child process
     of a test must not inherit the developer's identity, store or state directory."""

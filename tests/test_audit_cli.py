@@ -11,7 +11,7 @@ import subprocess
 
 from synapolis.harness.hooks import agent_id_for
 
-from conftest import clean_env, console_script, refused
+from conftest import clean_env, console_script, refused, validate_heartbeat_cmd
 
 
 def synapolis(state_dir, *args, env=None, input=None, timeout=60):
@@ -119,7 +119,7 @@ def test_validate_heartbeat_on_an_unlistable_heartbeats_folder_is_one_line_not_a
         else:
             target.write_text("not a folder")
         for extra in ([], ["--json"]):
-            out = subprocess.run([console_script("validate-heartbeat"), "--state-dir", str(state), *extra],
+            out = subprocess.run(validate_heartbeat_cmd(state, *extra),
                                  capture_output=True, text=True, timeout=60, env=clean_env())
             assert "heartbeats" in refused(out, 1, "InternalError")
             if extra:

@@ -8,7 +8,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from conftest import ago, clean_env, console_script, heartbeat_doc
+from conftest import ago, clean_env, console_script, heartbeat_doc, validate_heartbeat_cmd
 
 TESTS = Path(__file__).resolve().parent
 # a console script as the first word of a command list (synapolis: followed by an option, as every test
@@ -32,7 +32,7 @@ def test_the_console_scripts_run_with_a_bare_system_path(state_dir):
     folder.mkdir(parents=True)
     (folder / "a.json").write_text(json.dumps(heartbeat_doc("a", ago(5))))
     env = clean_env(PATH="/usr/bin:/bin")
-    valid = subprocess.run([console_script("validate-heartbeat"), "--state-dir", str(state_dir), "--json"],
+    valid = subprocess.run(validate_heartbeat_cmd(state_dir, "--json"),
                            capture_output=True, text=True, timeout=60, env=env)
     assert valid.returncode == 0, valid.stderr
     assert json.loads(valid.stdout)["valid"] is True

@@ -16,7 +16,7 @@ from synapolis.errors import UsageError
 from synapolis.identity import Who
 from synapolis.schemas import validation_errors
 
-from conftest import clean_env, console_script, refused, synapolis_cmd
+from conftest import clean_env, refused, synapolis_cmd, validate_heartbeat_cmd
 
 DEEP = "[" * 100_000  # json nests past the interpreter's stack: RecursionError, not JSONDecodeError
 
@@ -232,7 +232,7 @@ def test_the_library_refuses_lone_surrogates_before_writing(ws, start_agent):
 
 def test_an_explicit_empty_state_dir_is_a_usage_error(tmp_path):
     for cmd in ([sys.executable, "-m", "synapolis", "--state-dir", "", "init"],
-                [console_script("validate-heartbeat"), "--state-dir", ""]):
+                validate_heartbeat_cmd("")):
         out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=60, env=clean_env())
         assert "must not be empty" in refused(out)
     assert list(tmp_path.iterdir()) == []  # no ./state was made behind the user's back
@@ -303,7 +303,7 @@ def test_a_deeply_nested_config_is_a_usage_error_everywhere(state_dir, cli):
     (state_dir / "synapolis.json").write_text(DEEP)
     for args in (["beat", "--agent-id", "a"], ["monitor"], ["claims"], ["status", "--json"]):
         assert "nested too deeply" in refused(cli(*args))
-    out = subprocess.run([console_script("validate-heartbeat"), "--state-dir", str(state_dir)],
+    out = subprocess.run(validate_heartbeat_cmd(state_dir),
                          capture_output=True, text=True, timeout=60, env=clean_env())
     refused(out)
     doctor = cli("doctor", "--json")

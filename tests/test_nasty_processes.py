@@ -13,11 +13,9 @@ import time
 
 import pytest
 
-from conftest import clean_env, Holder, synapolis_cmd
+from conftest import clean_env, Holder, synapolis_cmd, validate_heartbeat_cmd
 from synapolis import actions, atomic, heartbeat
 from synapolis.errors import BusyError
-
-from conftest import console_script
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="flock, FIFOs and SIGKILL are POSIX")
 
@@ -149,7 +147,7 @@ def test_writers_killed_mid_write_leave_nothing_a_later_verb_chokes_on(ws, cli, 
         out = cli(*args, "--json")
         assert out.returncode == 0, (args, out.stderr)
         json.loads(out.stdout)
-    valid = subprocess.run([console_script("validate-heartbeat"), "--state-dir", str(ws.root), "--json"],
+    valid = subprocess.run(validate_heartbeat_cmd(ws.root, "--json"),
                            capture_output=True, text=True, timeout=60, env=clean_env())
     assert valid.returncode == 0, valid.stdout
     seqs = [n["seq"] for n in json.loads(cli("read-notes", "--limit", "1000", "--json").stdout)["notes"]]

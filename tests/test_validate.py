@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import clean_env, console_script, heartbeat_doc
+from conftest import clean_env, heartbeat_doc, validate_heartbeat_cmd
 
 GOOD = heartbeat_doc("good", "2030-01-01T00:00:00Z")
 
@@ -142,6 +142,6 @@ def test_bad_option_is_usage(tmp_path):
 
 def test_console_script_is_installed(ws, state_dir):
     put(ws, "good", GOOD)
-    result = subprocess.run([console_script("validate-heartbeat"), "--state-dir", str(state_dir)],
+    result = subprocess.run(validate_heartbeat_cmd(state_dir),
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and "ok" in result.stdout
