@@ -387,20 +387,18 @@ def _execute_send(conn, params) -> bytes | None:
     state = _SEND_STATE.get(conn)
     if state is None:
         result = pgconn.exec_params(SEND_STATEMENT, values)
-        state = _ONCE
+        _SEND_STATE[conn] = _ONCE
     else:
         if state == _ONCE:
             prepared = pgconn.prepare(SEND_STATEMENT_NAME, SEND_STATEMENT)
             if prepared.status != _COMMAND_OK:
                 _raise_failure(conn, prepared, "PREPARE")
-            state = _PREPARED
+            _SEND_STATE[conn] = _PREPARED
         result = pgconn.exec_prepared(SEND_STATEMENT_NAME, values)
     if result.status != _TUPLES_OK:
         if result.error_field(_SQLSTATE) == _NO_SUCH_STATEMENT:
-            state = _ONCE  # dropped after all: this transaction fails, the connection's next send prepares again
-        _SEND_STATE[conn] = state
+            _SEND_STATE[conn] = _ONCE  # dropped after all: this send fails, the connection's next prepares again
         _raise_failure(conn, result, "EXECUTE")
-    _SEND_STATE[conn] = state
     return result.get_value(0, 0)
 
 
