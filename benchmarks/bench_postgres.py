@@ -116,8 +116,8 @@ def place(conn, placement: str) -> set | None:
 
 
 def bench_sends(tmp: Path, url: str, count: int, chunk: int = 20, placement: str = "free") -> dict | None:
-    """Sends per second, in small interleaved chunks of `chunk` sends (raw, store, composed, verb) so that
-    load on a shared machine weighs on all of them alike; the medians of the chunks. `placement`: one of
+    """Sends per second, in small interleaved chunks of `chunk` sends (raw, bare, cursor, store, composed,
+    verb) so that load on a shared machine weighs on all of them alike; the medians of the chunks. `placement`: one of
     PLACEMENTS (see `place`); None when that placement is not possible here."""
     label = placement
     pinned = placement != "free"
@@ -155,43 +155,44 @@ def bench_sends(tmp: Path, url: str, count: int, chunk: int = 20, placement: str
         return (sid, f"{n:064x}", "2030-01-01T00:00:00.000000Z", "sender", "sink", "inform", f"{kind} {n}", "sender",
                 _text_array(["sink"]), float(10 ** 6), time.time(), _key(sid, "signals"), NOTIFY_CHANNEL, None)
 
-    def store_sends(kind):  # `chunk` sends through signals.send, each in its own store write transaction
+    def timed(kind, send_one, size=chunk):  # `size` sends of one kind, each numbered anew, as one rate
+        nonlocal n
         started = time.perf_counter()
-        for i in range(chunk):
-            with store.write() as tx:
-                signals.send(tx, caller="sender", recipient="sink", content=f"{kind} {n} {i}",
-                             now=clock(ws), config=ws.config)
-        rates[kind].append(chunk / (time.perf_counter() - started))
+        for _i in range(size):
+            n += 1
+            send_one(n)
+        rates[kind].append(size / (time.perf_counter() - started))
+
+    def raw_insert(n):
+        raw.execute(f"INSERT INTO raw_signals_{label} (session_id, id, timestamp, sender, recipient, type, "
+                    "content, lamport) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                    (sid, f"{n:064x}", "2030-01-01T00:00:00.000000Z", "sender", "sink", "inform", f"raw {n}", n))
+        raw.commit()
+
+    def bare_send(n):
+        _command(bare, b"BEGIN")
+        _execute_send(bare, fixed_send(n, "bare"))
+        _command(bare, b"COMMIT")
+
+    def cursor_send(n):
+        through_cursor.execute(SEND_CALL, fixed_send(n, "cursor"))
+        through_cursor.commit()
+
+    def store_send(n):  # signals.send in its own store write transaction
+        with store.write() as tx:
+            signals.send(tx, caller="sender", recipient="sink", content=f"store {n}", now=clock(ws), config=ws.config)
+
+    def verb_send(n):
+        actions.signal(ws, Who("sender", sid), "sink", f"verb {n}", env={}, piggyback=False)
 
     for _ in range(rounds):
-        started = time.perf_counter()
-        for _i in range(chunk):
-            n += 1
-            raw.execute(f"INSERT INTO raw_signals_{label} (session_id, id, timestamp, sender, recipient, type, "
-                        "content, lamport) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-                        (sid, f"{n:064x}", "2030-01-01T00:00:00.000000Z", "sender", "sink", "inform", f"raw {n}", n))
-            raw.commit()
-        rates["raw"].append(chunk / (time.perf_counter() - started))
-        started = time.perf_counter()
-        for _i in range(chunk):
-            n += 1
-            _command(bare, b"BEGIN")
-            _execute_send(bare, fixed_send(n, "bare"))
-            _command(bare, b"COMMIT")
-        rates["bare"].append(chunk / (time.perf_counter() - started))
-        started = time.perf_counter()
-        for _i in range(chunk):
-            n += 1
-            through_cursor.execute(SEND_CALL, fixed_send(n, "cursor"))
-            through_cursor.commit()
-        rates["cursor"].append(chunk / (time.perf_counter() - started))
-        store_sends("store")
+        timed("raw", raw_insert)
+        timed("bare", bare_send)
+        timed("cursor", cursor_send)
+        timed("store", store_send)
         with composed_sends():  # the same sends without the store's one-call send: before, in this run
-            store_sends("composed")
-        started = time.perf_counter()
-        for i in range(chunk // 4):
-            actions.signal(ws, Who("sender", sid), "sink", f"verb {n} {i}", env={}, piggyback=False)
-        rates["verb"].append((chunk // 4) / (time.perf_counter() - started))
+            timed("composed", store_send)
+        timed("verb", verb_send, chunk // 4)
     for conn in (raw, bare, through_cursor):
         conn.close()
     if kept is not None:
