@@ -30,12 +30,14 @@ DEFAULTS: dict = {
     # "sqlite" (the state directory) or a postgresql:// URL shared by several machines (contract §12)
     "store": "sqlite",
     "escalation": {"notify_cmd": None, "repeat_after_s": 86400, "notify_timeout_s": 10},
+    # targets told of incidents, guard denials and deadlocks: [{url, format, events?}] (contract §15)
+    "notify": [],
 }
 
 
 def defaults() -> dict:
     """A fresh copy of DEFAULTS (one nested object, so no need to load `copy` for a deep copy)."""
-    return {**DEFAULTS, "escalation": dict(DEFAULTS["escalation"])}
+    return {**DEFAULTS, "escalation": dict(DEFAULTS["escalation"]), "notify": []}
 
 
 _DURATIONS = ("stale_after_s", "dead_after_s", "clock_skew_s", "claim_ttl_s", "redeliver_after_s")
@@ -83,6 +85,10 @@ def check_config(document) -> list[str]:
     if "store" in document:
         if not is_store_url(document["store"]):
             problems.append(f"store must be {STORE_RULE}")
+    if "notify" in document:
+        from .notify import check_targets  # only a config that has targets pays for the import
+
+        problems.extend(check_targets(document["notify"]))
     esc = document.get("escalation", {})
     if not isinstance(esc, dict):
         problems.append("escalation must be an object")
@@ -206,6 +212,7 @@ def default_config_document() -> dict:
     document = defaults()
     document.pop("escalation")
     document.pop("store")  # the default store needs no line; a shared one is set by hand
+    document.pop("notify")  # nobody is told until targets are set by hand (README: "Being told")
     document["escalation"] = {"notify_cmd": None, "repeat_after_s": 86400}
     return document
 

@@ -48,6 +48,7 @@ COMMANDS: dict[str, str] = {
     "tokens": "token_cmds:tokens_group",
     "tired": "sleep_cmds:tired_cmd",
     "memories": "sleep_cmds:memories_cmd",
+    "notify": "notify_cmds:notify_group",
 }
 
 
