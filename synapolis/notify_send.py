@@ -18,6 +18,7 @@ TRIES = 3
 DEADLINE_S = 30.0
 TRY_TIMEOUT_S = 8.0  # 3 tries of 8 s and the backoff sleeps (0 s, then 3 s) stay within DEADLINE_S
 BACKOFF_FACTOR = 1.5
+FAILURE_LOG_MAX = 1024 * 1024  # notify-failures.jsonl past this moves to notify-failures.jsonl.1
 
 
 def redact(url: str) -> str:
@@ -158,6 +159,11 @@ def log_failures(path: str, summaries: list) -> None:
              for s in summaries if s["error"]]
     if not lines:
         return
+    try:
+        if os.path.getsize(path) > FAILURE_LOG_MAX:  # a target down for weeks: keep one older file, not all
+            os.replace(path, path + ".1")
+    except OSError:
+        pass
     try:
         # one short write per line with O_APPEND: two senders at once never interleave within a line
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
