@@ -14,7 +14,7 @@ import json
 import os
 import shutil
 import urllib.request
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -91,8 +91,17 @@ def test_the_dashboard_for_triage(served, cli, browser, tmp_path, state_dir):  #
     alice = page.query_selector('#agents tr[data-agent="alice"]').text_content()
     assert "claude-code · Claude Sonnet 4.6" in alice and "porting the parser" in alice
     assert "src/parser.py · token 1 · until " in alice and ("(in 29m)" in alice or "(in 30m)" in alice)
-    zone = page.evaluate("Intl.DateTimeFormat().resolvedOptions().timeZone")
-    assert page.text_content("#zone") == f"times in {zone}"
+    assert page.text_content("#zone") == "times in UTC"
+    # a browser in India: the same incident's time reads 5 h 30 min later, and the zone is named
+    page.context.new_cdp_session(page).send("Emulation.setTimezoneOverride", {"timezoneId": "Asia/Kolkata"})
+    page.reload()
+    page.wait_for_selector("#incidents li[data-incident] time", timeout=10_000)
+    assert page.text_content("#zone") in ("times in Asia/Kolkata", "times in Asia/Calcutta")  # ICU's old name
+    (opened_at,) = [i["opened_at"] for i in json.loads(cli("escalations", "--json").stdout)["incidents"]]
+    utc = datetime.fromisoformat(opened_at.replace("Z", "+00:00"))
+    local = utc + timedelta(hours=5, minutes=30)
+    shown = page.text_content("#incidents li[data-incident] time")
+    assert local.strftime("%I:%M") in shown and utc.strftime("%I:%M") not in shown, (shown, opened_at)
 
     # the session view: the signal to zed was never delivered (zed is dead), bob's memory waits to be merged
     signal = page.wait_for_selector(f'[data-session="{session}"] li[data-signal]:has-text("are you there?")')
