@@ -17,50 +17,12 @@ INCIDENT_EVENTS = ("opened", "raised", "renotified", "resolved")  # `acked` is t
 GUARD_DENIED = "io.synapolis.guard.denied"
 CLAIMS_DEADLOCK = "io.synapolis.claims.deadlock"
 TEST = "io.synapolis.test"
-FORMATS = ("cloudevents", "slack", "ntfy")
-TARGET_KEYS = ("url", "format", "events")
 OUTBOX = "notify-outbox"  # spool files of passes handed over, each removed by its sender
 FAILURE_LOG = "notify-failures.jsonl"  # one line per target still failing after its tries, per pass
 # keys never sent, at any depth of `data`: the contract promises no token, run token or password leaves
 _SECRET_WORDS = ("token", "password", "passwd", "secret")
 _TAGS = {"opened": "warning", "raised": "rotating_light", "renotified": "warning", "resolved": "white_check_mark",
          GUARD_DENIED: "no_entry", CLAIMS_DEADLOCK: "lock", TEST: "test_tube"}
-
-
-def check_targets(value) -> list[str]:
-    """Every problem with the config's `notify` value, as readable lines (config.check_config uses it)."""
-    if not isinstance(value, list):
-        return ["notify must be a list of targets ({url, format, events?})"]
-    problems = []
-    for n, target in enumerate(value):
-        where = f"notify[{n}]"
-        if not isinstance(target, dict):
-            problems.append(f"{where} must be an object with url and format")
-            continue
-        for key in target:
-            if key not in TARGET_KEYS:
-                problems.append(f"unknown key {where}.{key}")
-        url = target.get("url")
-        if not _is_http_url(url):
-            problems.append(f"{where}.url must be an http:// or https:// URL with a host, not {url!r}")
-        if target.get("format") not in FORMATS:
-            problems.append(f"{where}.format must be one of {', '.join(FORMATS)}, not {target.get('format')!r}")
-        events = target.get("events")
-        if events is not None and not (isinstance(events, list) and events
-                                       and all(isinstance(e, str) and e.strip() for e in events)):
-            problems.append(f"{where}.events must be a non-empty list of event types (or patterns like "
-                            f"io.synapolis.incident.*)")
-    return problems
-
-
-def _is_http_url(url) -> bool:
-    from urllib.parse import urlsplit
-
-    try:
-        parts = urlsplit(url) if isinstance(url, str) else None
-        return bool(parts and parts.scheme in ("http", "https") and parts.hostname)
-    except ValueError:  # a bad port or bracket
-        return False
 
 
 def wants(target: dict, event_type: str) -> bool:
