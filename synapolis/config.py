@@ -30,12 +30,14 @@ DEFAULTS: dict = {
     # "sqlite" (the state directory) or a postgresql:// URL shared by several machines (contract §12)
     "store": "sqlite",
     "escalation": {"notify_cmd": None, "repeat_after_s": 86400, "notify_timeout_s": 10},
+    # targets told of incidents, guard denials and deadlocks: [{url, format, events?}] (contract §15)
+    "notify": [],
 }
 
 
 def defaults() -> dict:
     """A fresh copy of DEFAULTS (one nested object, so no need to load `copy` for a deep copy)."""
-    return {**DEFAULTS, "escalation": dict(DEFAULTS["escalation"])}
+    return {**DEFAULTS, "escalation": dict(DEFAULTS["escalation"]), "notify": []}
 
 
 _DURATIONS = ("stale_after_s", "dead_after_s", "clock_skew_s", "claim_ttl_s", "redeliver_after_s")
@@ -83,6 +85,8 @@ def check_config(document) -> list[str]:
     if "store" in document:
         if not is_store_url(document["store"]):
             problems.append(f"store must be {STORE_RULE}")
+    if "notify" in document:
+        problems.extend(check_targets(document["notify"]))
     esc = document.get("escalation", {})
     if not isinstance(esc, dict):
         problems.append("escalation must be an object")
@@ -98,6 +102,46 @@ def check_config(document) -> list[str]:
             if key in esc and not _positive_number(esc[key]):
                 problems.append(f"escalation.{key} must be a positive number of seconds (at most {MAX_DURATION_S})")
     return problems
+
+
+NOTIFY_FORMATS = ("cloudevents", "slack", "ntfy")  # contract §15
+_TARGET_KEYS = ("url", "format", "events")
+
+
+def check_targets(value) -> list[str]:
+    """Every problem with the config's `notify` value (contract §15), as readable lines (check_config uses it)."""
+    if not isinstance(value, list):
+        return ["notify must be a list of targets ({url, format, events?})"]
+    problems = []
+    for n, target in enumerate(value):
+        where = f"notify[{n}]"
+        if not isinstance(target, dict):
+            problems.append(f"{where} must be an object with url and format")
+            continue
+        for key in target:
+            if key not in _TARGET_KEYS:
+                problems.append(f"unknown key {where}.{key}")
+        url = target.get("url")
+        if not _is_http_url(url):
+            problems.append(f"{where}.url must be an http:// or https:// URL with a host, not {url!r}")
+        if target.get("format") not in NOTIFY_FORMATS:
+            problems.append(f"{where}.format must be one of {', '.join(NOTIFY_FORMATS)}, not {target.get('format')!r}")
+        events = target.get("events")
+        if events is not None and not (isinstance(events, list) and events
+                                       and all(isinstance(e, str) and e.strip() for e in events)):
+            problems.append(f"{where}.events must be a non-empty list of event types (or patterns like "
+                            f"io.synapolis.incident.*)")
+    return problems
+
+
+def _is_http_url(url) -> bool:
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url) if isinstance(url, str) else None
+        return bool(parts and parts.scheme in ("http", "https") and parts.hostname)
+    except ValueError:  # a bad port or bracket
+        return False
 
 
 class Config:
@@ -206,6 +250,7 @@ def default_config_document() -> dict:
     document = defaults()
     document.pop("escalation")
     document.pop("store")  # the default store needs no line; a shared one is set by hand
+    document.pop("notify")  # nobody is told until targets are set by hand (README: "Being told")
     document["escalation"] = {"notify_cmd": None, "repeat_after_s": 86400}
     return document
 

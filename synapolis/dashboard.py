@@ -1,8 +1,11 @@
 """What the team server's dashboard shows (contract §13), as one JSON object, and what a person may post.
 
 `collect` is `status --json` (every agent with its effective status, age, host, task and claims; open
-incidents) plus, for each active session, its newest signals and notes and its whiteboard. `post` sends a
-note or a signal as the token's identity. The web page (synapolis/web/) only renders these.
+incidents) plus, for each active session, its newest signals (each with who it was delivered to and who
+read it), notes, whiteboard and staged memories, and the memory ledger's newest lines. `agent_view` is one
+agent's page: its beat history and transitions from the monitor's snapshots, its signals with their
+delivery state, its claims and notes. `post` sends a note or a signal as the token's identity. The web page
+(synapolis/web/) only renders these.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from .timeutil import utcnow
 
 SIGNALS_SHOWN = 20
 NOTES_SHOWN = 20
+LEDGER_SHOWN = 20
+RECEIPTS_SCANNED = 200  # per reader: how far back a signal's delivery state is looked up
 PAGE_HARNESS = "dashboard"  # the harness of the people the page registers
 
 
@@ -35,8 +40,10 @@ def collect(ws, now: datetime | None = None, *, signals_shown: int = SIGNALS_SHO
         ids = []
     # a damaged or locked session store is left out: the rest of the page still shows
     for session_id, tx in each_store(ws, ids, skip_broken=True):
-        shown.append({"session_id": session_id, "signals": signals.recent(tx, signals_shown),
-                      "whiteboard": board.read_entries(tx)})
+        recent = signals.recent(tx, signals_shown)
+        with_receipts(tx, recent)
+        shown.append({"session_id": session_id, "signals": recent, "whiteboard": board.read_entries(tx),
+                      "staged_memories": _staged(tx)})
     for entry in shown:
         try:
             entry["notes"] = store_for(ws).read_notes(entry["session_id"], notes_shown)
@@ -44,7 +51,95 @@ def collect(ws, now: datetime | None = None, *, signals_shown: int = SIGNALS_SHO
             entry["notes"] = []
             data["problems"].append(f"notes of {entry['session_id']}: {exc}")
     data["activity"] = shown
+    try:
+        data["ledger"] = store_for(ws).read_ledger()[-LEDGER_SHOWN:]
+    except (OSError, SynapolisError) as exc:
+        data["ledger"] = []
+        data["problems"].append(f"ledger: {getattr(exc, 'message', exc)}")
     return data
+
+
+def _staged(tx) -> list[dict]:
+    from .sleep import staged_entries
+
+    entries, _broken = staged_entries(tx)
+    return [{k: e.get(k) for k in ("agent_id", "text", "key", "tags", "created_at")} for e in entries]
+
+
+def with_receipts(tx, shown: list) -> None:
+    """Give each signal of `shown` its `receipts`: for every registered agent that can see it, when it was
+    delivered (and how) and when read, from that reader's own view (signals.query, a pure read). A signal
+    with no receipt yet has reached nobody: the honest delivery the product is built on, made visible."""
+    if not shown:
+        return
+    by_id = {g["id"]: g for g in shown}
+    for g in shown:
+        g["receipts"] = []
+    floor = min(g["sequence"] for g in shown) - 1
+    for row in tx.agents():
+        try:
+            seen = signals.query(tx, row["id"], unread_only=False, after=floor, limit=RECEIPTS_SCANNED)
+        except SynapolisError:
+            continue
+        for g in seen:
+            if g["id"] in by_id:
+                by_id[g["id"]]["receipts"].append({"agent_id": row["id"], "delivered_at": g.get("delivered_at"),
+                                                   "delivery_method": g.get("delivery_method"),
+                                                   "read_at": g.get("read_at")})
+
+
+def agent_view(ws, agent_id: str, now: datetime | None = None) -> dict:
+    """One agent for a person: its current entry, beat history and transitions (from monitor-history/ and
+    the current monitor), its signals with delivery state, its claims and its notes."""
+    from .atomic import json_files, read_json_or
+    from .claims import list_claims
+    from .errors import NotFoundError
+    from .names import validate_agent_id
+
+    validate_agent_id(agent_id)
+    now = now or utcnow()
+    data = collect(ws, now, signals_shown=0, notes_shown=0)
+    entry = next((a for a in data["agents"] if a["agent_id"] == agent_id), None)
+    if entry is None:
+        raise NotFoundError(f"no agent {agent_id!r} here (no heartbeat, not in an active session)")
+    history, transitions = [], []
+    snapshots = [read_json_or(p) for p in json_files(ws.paths.monitor_history)] + [read_json_or(ws.paths.monitor)]
+    for doc in sorted((d for d in snapshots if isinstance(d, dict) and isinstance(d.get("generated_at"), str)),
+                      key=lambda d: d["generated_at"]):
+        for a in doc.get("agents") or []:
+            if isinstance(a, dict) and a.get("agent_id") == agent_id:
+                history.append({k: a.get(k) for k in ("effective_status", "declared_status", "beat_at", "seq",
+                                                      "age_s", "task")} | {"at": doc["generated_at"]})
+        for t in doc.get("transitions") or []:
+            if isinstance(t, dict) and t.get("agent_id") == agent_id:
+                transitions.append({"at": doc["generated_at"], "from": t.get("from"), "to": t.get("to")})
+    unique = {}
+    for t in transitions:  # the current monitor and its own history file may both carry one transition
+        unique[(t["at"], t["from"], t["to"])] = t
+    view = {"agent": entry, "history": history, "transitions": list(unique.values()), "signals": [],
+            "claims": [c for c in list_claims(ws, now=now) if c.get("claimed_by") == agent_id], "notes": [],
+            "generated_at": data["generated_at"]}
+    session_id = entry.get("session_id")
+    if session_id:
+        for _sid, tx in each_store(ws, [session_id], skip_broken=True):
+            mine = []
+            try:
+                mine = signals.query(tx, agent_id, unread_only=False, limit=SIGNALS_SHOWN)
+            except SynapolisError:
+                pass  # a heartbeat's session this agent is not registered in
+            sent = [g for g in signals.recent(tx, 4 * SIGNALS_SHOWN) if g["sender"] == agent_id][-SIGNALS_SHOWN:]
+            with_receipts(tx, sent)
+            for g in mine:
+                g["direction"] = "in"
+            for g in sent:
+                g["direction"] = "out"
+            view["signals"] = sorted(mine + sent, key=lambda g: g["sequence"])
+        try:
+            notes = store_for(ws).read_notes(session_id, 4 * NOTES_SHOWN)
+            view["notes"] = [n for n in notes if n.get("agent_id") == agent_id][-NOTES_SHOWN:]
+        except (OSError, SynapolisError) as exc:
+            view["problems"] = [f"notes: {getattr(exc, 'message', exc)}"]
+    return view
 
 
 def shown_sessions(ws) -> list[str]:

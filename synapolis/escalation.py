@@ -357,6 +357,11 @@ def run_escalation(ws, now: datetime | None = None, on_alert=None) -> dict:
             _deliver(ws, incidents[event["key_name"]], event, on_alert)
         changed = {name: incident for name, incident in incidents.items() if incident != current.get(name)}
         book.record(changed, [_log_record(e, incidents[e["key_name"]]) for e in events])
+    if events:
+        from .notify import incident_events
+
+        # the `notify` targets (§15), beside notify_cmd: handed to a background sender, never waited for
+        incident_events(ws, events, incidents, now=now)
     records = [{k: v for k, v in e.items() if k != "key_name"} for e in events]
     return {
         "monitor_generated_at": monitor.get("generated_at"),

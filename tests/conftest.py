@@ -758,3 +758,62 @@ class CodexAppServer:
     def __exit__(self, *exc):
         self.proc.kill()
         self.proc.wait(timeout=30)
+
+
+# -- a webhook receiver on 127.0.0.1 (notifications, contract §15) --------------------------------------
+
+class Receiver:
+    """A real HTTP server in a thread of the test: records every POST (path, headers, body, time) and answers
+    with the next status of `script` for its path (then 200), or `hang` seconds of silence first."""
+
+    def __init__(self):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.requests: list[dict] = []
+        self.script: dict[str, list[int]] = {}
+        self.hang: dict[str, float] = {}
+        self._lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                import time
+
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                with receiver._lock:
+                    receiver.requests.append({"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()},
+                                              "body": body, "at": time.monotonic()})
+                    statuses = receiver.script.get(self.path) or []
+                    status = statuses.pop(0) if statuses else 200
+                if receiver.hang.get(self.path):
+                    time.sleep(receiver.hang[self.path])
+                self.send_response(status)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.server.server_port}{path}"
+
+    def at(self, path: str) -> list[dict]:
+        with self._lock:
+            return [r for r in self.requests if r["path"] == path]
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver():
+    server = Receiver()
+    yield server
+    server.close()

@@ -48,6 +48,7 @@ COMMANDS: dict[str, str] = {
     "tokens": "token_cmds:tokens_group",
     "tired": "sleep_cmds:tired_cmd",
     "memories": "sleep_cmds:memories_cmd",
+    "notify": "notify_cmds:notify_group",
 }
 
 
@@ -110,6 +111,15 @@ def run_guarded(call, ctx=None, args=None):
         sys.exit(1)
 
 
+def _close_verbs(name: str, verbs) -> list[str]:
+    """The verbs a mistyped `name` most likely meant (`statsu` -> `status`), best first; at most three."""
+    import difflib
+
+    if not name or name.startswith("-"):
+        return []
+    return difflib.get_close_matches(name, list(verbs), n=3, cutoff=0.6)
+
+
 def _build():
     """Define the click group (`cli`, class `LazyGroup`) on first use; importing this package must not
     import click, or every hook would pay for it."""
@@ -134,6 +144,18 @@ def _build():
                 module = importlib.import_module(f"{__name__}.{module_name}")
                 return getattr(module, attr)
             return super().get_command(ctx, name)
+
+        def resolve_command(self, ctx, args):
+            try:
+                return super().resolve_command(ctx, args)
+            except click.UsageError:
+                name = args[0] if args else ""
+                close = _close_verbs(name, self.list_commands(ctx))
+                if not close:
+                    raise
+                raise click.UsageError(f"no such command {name!r}; did you mean "
+                                       f"{' or '.join(repr(c) for c in close)}? (`synapolis --help` lists them)",
+                                       ctx) from None
 
         def invoke(self, ctx):
             return run_guarded(lambda: super(LazyGroup, self).invoke(ctx), ctx)

@@ -60,10 +60,23 @@ def identity_options(func):
     )
 
 
+# verbs that say themselves what a missing state directory means
+_OWN_NOTE = {"doctor", "init"}
+
+
 def workspace(ctx: click.Context, create: bool = False) -> Workspace:
     root = ctx.find_root().obj or {}
     ws = Workspace.open(root.get("state_dir"))
-    return ws.ensure() if create else ws
+    if create:
+        return ws.ensure()
+    if ctx.info_name not in _OWN_NOTE and not ws.paths.root.exists():
+        # a read-only verb on a directory that is not there (a mistyped --state-dir, a wrong working directory)
+        # still answers (an empty swarm, exit 0), but says why it is empty: on stderr, so --json stays one object
+        from .text import terminal_safe
+
+        click.echo(terminal_safe(f"synapolis: note: state directory {ws.paths.root} does not exist (nothing "
+                                 f"recorded there yet; check --state-dir or $SYNAPOLIS_STATE_DIR)"), err=True)
+    return ws
 
 
 def pass_workspace(create: bool):

@@ -1,5 +1,6 @@
 """The team server's web app: `/mcp` (the MCP server over streamable HTTP), `/` (the dashboard and its
-login), `/events` (server-sent change events), `/api/dashboard`, `/api/post`, `/api/status`, `/healthz`.
+login), `/events` (server-sent change events), `/api/dashboard`, `/api/agent?id=` (one agent's history),
+`/api/post`, `/api/ack` (an incident), `/api/status`, `/healthz`, `/favicon.ico`.
 
 People sign in with a token once (a form); the token then rides in a cookie that is HttpOnly (no script
 reads it) and SameSite=Strict (no other site's page sends it), and Secure over TLS. Posting also needs a
@@ -36,6 +37,10 @@ FORM_TYPE = "application/x-www-form-urlencoded"  # what the login form and the p
 LOGIN_BODY_MAX = 16 * 1024  # a sign-in carries one token (~50 characters)
 FORM_FIELDS_MAX = 64
 _PAGE = Path(__file__).with_name("dashboard.html")
+# the tab's icon: a pulse (a heartbeat) on a dark tile; SVG, which browsers take at /favicon.ico too
+FAVICON = (b'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 32 32"><rect width="32" height="32" rx="7" '
+           b'fill="#1b1f24"/><path d="M3 17h7l3-8 5 15 3-7h8" fill="none" stroke="#4ac26b" stroke-width="3" '
+           b'stroke-linecap="round" stroke-linejoin="round"/></svg>')
 _LOGIN = Path(__file__).with_name("login.html")
 
 
@@ -97,6 +102,40 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
                       "read_only": bool(record.get("read_only")), "csrf": csrf_for(token)}
         data["changes"] = state.changes
         return JSONResponse(data, headers={"cache-control": "no-store"})
+
+    async def api_agent(request: Request) -> Response:
+        if signed_in(request) is None:
+            return _refused()
+        agent_id = request.query_params.get("id") or ""
+        data = await anyio.to_thread.run_sync(lambda: dashboard.agent_view(state.workspace(), agent_id))
+        return JSONResponse(data, headers={"cache-control": "no-store"})
+
+    async def api_ack(request: Request) -> Response:
+        who = signed_in(request)
+        if who is None:
+            return _refused()
+        record, token, from_cookie = who
+        form = await _read_form(request, LOGIN_BODY_MAX)
+        if isinstance(form, Response):
+            return form
+        if from_cookie and (not hmac.compare_digest(str(form.get("csrf") or ""), csrf_for(token))
+                            or _cross_site(request)):
+            return _cross_site_refused()
+        principal = principal_for(record)
+
+        def ack():
+            from ..escalation import ack as ack_incident
+
+            principal.check_may_write()
+            incident_id = _field(form, "incident_id")
+            if not incident_id:
+                raise UsageError("name the incident to ack")
+            return ack_incident(state.workspace(), incident_id)
+
+        return JSONResponse(await anyio.to_thread.run_sync(ack))
+
+    async def favicon(request: Request) -> Response:
+        return Response(FAVICON, media_type="image/svg+xml", headers={"cache-control": "max-age=86400"})
 
     async def events(request: Request) -> Response:
         who = signed_in(request)
@@ -199,7 +238,10 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
         Route("/healthz", healthz),
         Route("/api/status", api_status),
         Route("/api/dashboard", api_dashboard),
+        Route("/api/agent", api_agent),
         Route("/api/post", api_post, methods=["POST"]),
+        Route("/api/ack", api_ack, methods=["POST"]),
+        Route("/favicon.ico", favicon),
         Route("/events", events),
         Route("/login", login, methods=["POST"]),
         Route("/logout", logout, methods=["POST"]),
