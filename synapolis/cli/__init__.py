@@ -165,17 +165,54 @@ def __getattr__(name):
 
 # -- the hook, without click ----------------------------------------------------------------------
 
+def _state_dir_first(args) -> tuple[str | None, list]:
+    """(the value of a leading `--state-dir DIR` / `--state-dir=DIR` or None, the arguments after it)."""
+    if args[:1] == ["--state-dir"] and len(args) > 1:
+        return args[1], args[2:]
+    if args[:1] and args[0].startswith("--state-dir="):
+        return args[0].partition("=")[2], args[1:]
+    return None, args
+
+
 def _hook_call(args) -> tuple[str | None, str] | None:
     """(state dir, harness) when `args` is exactly `[--state-dir DIR] hook HARNESS`; else None (click's turn:
     help, a missing or extra argument, anything unusual gets click's parsing and messages)."""
-    state_dir = None
-    if args[:1] == ["--state-dir"] and len(args) > 1:
-        state_dir, args = args[1], args[2:]
-    elif args[:1] and args[0].startswith("--state-dir="):
-        state_dir, args = args[0].partition("=")[2], args[1:]
+    state_dir, args = _state_dir_first(args)
     if len(args) == 2 and args[0] == "hook" and not args[1].startswith("-"):
         return state_dir, args[1]
     return None
+
+
+def _mcp_call(args) -> tuple[str | None, bool] | None:
+    """(state dir, --polling) when `args` is exactly `[--state-dir DIR] mcp [--polling]`; else None (click's)."""
+    state_dir, args = _state_dir_first(args)
+    if args[:1] != ["mcp"] or args[1:] not in ([], ["--polling"]):
+        return None
+    if state_dir is not None and (not state_dir or (os.path.exists(state_dir) and not os.path.isdir(state_dir))):
+        return None  # click's Path check and its message
+    return state_dir, bool(args[1:])
+
+
+def run_mcp(state_dir, polling: bool) -> None:
+    """`synapolis mcp` without click: it answers the handshake before the MCP SDK has loaded (mcp/front.py)."""
+    from ..workspace import Workspace
+
+    try:
+        root = Workspace.open(state_dir).ensure().root
+        from ..mcp.front import serve
+
+        serve(root, polling)
+    except SynapolisError as exc:
+        report_error(exc, False)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 - the contract: no traceback reaches a user
+        if os.environ.get("SYNAPOLIS_DEBUG"):
+            raise
+        report_error(internal_error(exc), False)
+        sys.exit(1)
+    sys.exit(0)
 
 
 def run_hook(harness: str, state_dir=None) -> None:
@@ -235,6 +272,10 @@ def main(argv=None):
     if hook is not None:
         one_call()
         _hook_main(*hook)
+    mcp = _mcp_call(args)
+    if mcp is not None:
+        gc.enable()  # a long-lived server
+        run_mcp(*mcp)
     from .fast import parse, run
 
     call = parse(args)
