@@ -177,3 +177,34 @@ def test_claude_code_print_mode_has_the_tools_in_its_first_turn(tmp_path, state_
     tools = front.load_snapshot()["modern"][MODERN]["tools/list"]["tools"]
     missing = [t["name"] for t in tools if f"mcp__synapolis__{t['name']}" not in first]
     assert not missing, f"the first request to the model lacks synapolis's {missing}"
+
+
+CODEX = harness_binary("codex")
+
+
+@pytest.mark.skipif(not CODEX and os.environ.get("CI") != "true", reason="no Codex (SYNAPOLIS_TEST_CODEX)")
+def test_codex_exec_with_the_documented_entry_has_synapolis_in_its_first_turn(tmp_path, state_dir):
+    """docs/MCP.md's Codex entry (`required = true`): Codex waits for the server before its first turn, which
+    then offers synapolis's tools (Codex 0.171 defers them behind the namespace `mcp__synapolis`, described
+    by the server's instructions). Without `required`, the same Codex started its turn without them."""
+    from test_harness_binaries import ModelStandIn
+
+    assert CODEX, "Codex is needed in CI"
+    home, project = tmp_path / "codex-home", tmp_path / "project"
+    home.mkdir()
+    project.mkdir()
+    command = synapolis_cmd(state_dir, "mcp")
+    model = ModelStandIn()
+    (home / "config.toml").write_text(
+        f'openai_base_url = "{model.url}/v1"\n\n[mcp_servers.synapolis]\ncommand = {json.dumps(command[0])}\n'
+        f"args = {json.dumps(command[1:])}\nrequired = true\nstartup_timeout_sec = 30\n")
+    try:
+        env = {**clean_env(), "CODEX_HOME": str(home), "OPENAI_API_KEY": "sk-stand-in"}
+        subprocess.run([CODEX, "exec", "--skip-git-repo-check", "hello"], cwd=project, env=env,
+                       capture_output=True, timeout=180, stdin=subprocess.DEVNULL)
+        assert model.bodies, "codex never called the model stand-in"
+        first = model.bodies[0]
+    finally:
+        model.close()
+    instructions = front.load_snapshot()["modern"][MODERN]["server/discover"]["instructions"]
+    assert "mcp__synapolis" in first and instructions[:60] in first
