@@ -233,7 +233,9 @@ def _mcp_snippet(harness: str) -> str:
     program, *args = hook_install.program_command()
     args = [*args, "mcp"]
     if harness == "codex":
-        return f"[mcp_servers.synapolis]\ncommand = {json.dumps(program)}\nargs = {json.dumps(args)}"
+        # required: Codex starts its first turn without the servers it does not wait for (docs/MCP.md)
+        return (f"[mcp_servers.synapolis]\ncommand = {json.dumps(program)}\nargs = {json.dumps(args)}\n"
+                "required = true\nstartup_timeout_sec = 30")
     return json.dumps({"mcpServers": {"synapolis": {"command": program, "args": args}}})
 
 
