@@ -267,6 +267,8 @@ def serve(root, polling: bool = False) -> None:
             del buffer[:start]
     except KeyboardInterrupt:
         os._exit(130)
+    except (BrokenPipeError, ConnectionResetError):  # the client went away while we answered: nobody is left
+        os._exit(0)
     loader.join()
     sys.setswitchinterval(interval)
     os.close(wake_r)

@@ -26,6 +26,7 @@ class Wire:
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      env=env)
         self.timeout, self._pending, self._next = timeout, b"", 0
+        self.passed: list[dict] = []  # messages `ask` read past (notifications, answers to other ids)
 
     def send(self, message) -> None:
         self.proc.stdin.write((message if isinstance(message, str) else json.dumps(message)).encode() + b"\n")
@@ -56,9 +57,16 @@ class Wire:
             message = self.line()
             if message.get("id") == request_id and "method" not in message:
                 return message
+            self.passed.append(message)
 
     def close(self) -> int:
+        """Close stdin; the exit code, once everything the server still wrote is in `passed`."""
         self.proc.stdin.close()
+        try:
+            while True:
+                self.passed.append(self.line())
+        except EOFError:
+            pass
         try:
             return self.proc.wait(timeout=self.timeout)
         finally:
