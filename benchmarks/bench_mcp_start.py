@@ -131,7 +131,7 @@ def main() -> int:
         "and round, medians of wall time; loaded: two `python -c \"while True: pass\"` beside them)  ",
         interpreter(),
         "",
-        *table("Quiet", quiet),
+        *table("Quiet (no load added by the benchmark; the machine's own load is the line above)", quiet),
         *table("Under a two-process CPU load", busy),
         "Targets: `initialize` at most 6x `python -c pass`, `tools/list` at most 8x — " + "; ".join(verdicts) + ".",
     ]
