@@ -86,28 +86,29 @@ def run_guarded(call, ctx=None, args=None):
     as_json = _wants_json(sys.argv[1:] if args is None else args)
     try:
         return call()
-    except SynapolisError as exc:
-        report_error(exc, as_json)
-        sys.exit(exc.exit_code)
-    except click.exceptions.Exit:
-        raise
-    except click.exceptions.Abort:
+    except (click.exceptions.Exit, click.exceptions.Abort):
         raise
     except click.ClickException as exc:
         report_error(UsageError(exc.format_message()), as_json)
         sys.exit(2)
-    except KeyboardInterrupt:
+    except (Exception, KeyboardInterrupt):  # noqa: BLE001 - the contract: no traceback reaches a user
+        exit_for_error(as_json)
+
+
+def exit_for_error(as_json: bool) -> None:
+    """Inside an `except`: the exception being handled as the contract's one-line error and exit code."""
+    exc = sys.exc_info()[1]
+    if isinstance(exc, SynapolisError):
+        report_error(exc, as_json)
+        sys.exit(exc.exit_code)
+    if isinstance(exc, KeyboardInterrupt):
         sys.exit(130)
-    except BrokenPipeError:
+    if isinstance(exc, BrokenPipeError):
         sys.exit(0)
-    except OSError as exc:
+    if isinstance(exc, Exception) and (isinstance(exc, OSError) or not os.environ.get("SYNAPOLIS_DEBUG")):
         report_error(internal_error(exc), as_json)
         sys.exit(1)
-    except Exception as exc:  # noqa: BLE001 - the contract: no traceback reaches a user
-        if os.environ.get("SYNAPOLIS_DEBUG"):
-            raise
-        report_error(internal_error(exc), as_json)
-        sys.exit(1)
+    raise  # noqa: PLE0704 - SYNAPOLIS_DEBUG: the traceback, as asked
 
 
 def _build():
@@ -202,16 +203,8 @@ def run_mcp(state_dir, polling: bool) -> None:
         from ..mcp.front import serve
 
         serve(root, polling)
-    except SynapolisError as exc:
-        report_error(exc, False)
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except Exception as exc:  # noqa: BLE001 - the contract: no traceback reaches a user
-        if os.environ.get("SYNAPOLIS_DEBUG"):
-            raise
-        report_error(internal_error(exc), False)
-        sys.exit(1)
+    except (Exception, KeyboardInterrupt):  # noqa: BLE001 - the contract: no traceback reaches a user
+        exit_for_error(False)
     sys.exit(0)
 
 
