@@ -9,6 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from .doctor_mcp import MCP_FILES, is_stdio_server as _is_our_server  # noqa: F401 - doctor's names for them
 from .harness import install as hook_install
 from .atomic import TEMP_PREFIX, TEMP_SUFFIX, old_temp_files, read_bytes
 from .config import check_config, notify_problems
@@ -229,30 +230,15 @@ def check_cron(root: Path, crontab_cmd: str = "crontab") -> list[dict]:
 
 # -- harnesses ----------------------------------------------------------------------------------
 
-MCP_FILES = {"claude-code": ".mcp.json", "gemini-cli": ".gemini/settings.json", "codex": ".codex/config.toml"}
-
-
 def _mcp_snippet(harness: str) -> str:
     # the program by its absolute path, as the hooks run it: the harness's PATH may not reach a virtualenv
     program, *args = hook_install.program_command()
     args = [*args, "mcp"]
     if harness == "codex":
-        return f"[mcp_servers.synapolis]\ncommand = {json.dumps(program)}\nargs = {json.dumps(args)}"
+        # required: Codex starts its first turn without the servers it does not wait for (docs/MCP.md)
+        return (f"[mcp_servers.synapolis]\ncommand = {json.dumps(program)}\nargs = {json.dumps(args)}\n"
+                "required = true\nstartup_timeout_sec = 30")
     return json.dumps({"mcpServers": {"synapolis": {"command": program, "args": args}}})
-
-
-def _is_our_server(entry) -> bool:
-    if not isinstance(entry, dict):
-        return False
-    command = entry.get("command")
-    args = entry.get("args") or []
-    if not isinstance(command, str) or not isinstance(args, list):
-        return False
-    words = command.split() + [str(a) for a in args]
-    names = [os.path.basename(w) for w in words]
-    if "mcp" not in words:
-        return False
-    return any(n in ("synapolis", "synapolis.exe") for n in names) or ("-m" in words and "synapolis" in words)
 
 
 def _load_toml(path: Path):
@@ -279,6 +265,10 @@ def check_harness(project: Path, harness: str, env=None) -> list[dict]:
     missing = [e for e in spec.events if e not in events]
     if len(missing) == len(spec.events):
         # the harness is set up in this project, but maybe not for synapolis: say so, do not fail
+        mcp = _check_mcp(project, harness, check, env)
+        if any(f.get("mcp_entry") for f in mcp):  # agents reach synapolis through its MCP tools only
+            return [finding(check, WARN, f"{settings} has no synapolis hooks: agents beat and receive signals only "
+                                         "when they call synapolis's MCP tools, never between calls", install), *mcp]
         return [finding(check, WARN, f"{settings.parent} exists but {settings.name} has no synapolis hooks, so "
                                      "this harness's agents neither beat nor receive signals", install)]
     if missing:
@@ -448,32 +438,21 @@ def _check_codex_trust(project: Path, settings: Path, document: dict, check: str
 
 
 def _check_mcp(project: Path, harness: str, check: str, env=None) -> list[dict]:
-    from .harness.settings import codex_home
+    """The harness's synapolis MCP entries (doctor_mcp): `synapolis mcp`, or `synapolis serve` by URL and token."""
+    from . import doctor_mcp
 
-    candidates = [project / MCP_FILES[harness]]
-    if harness == "codex":
-        candidates.append(codex_home(env) / "config.toml")
-    for path in candidates:
-        if not path.is_file():
-            continue
-        try:
-            if path.suffix == ".toml":
-                document = _load_toml(path) or {}
-                servers = document.get("mcp_servers")
-            else:
-                document = json.loads(path.read_bytes().decode("utf-8"))
-                servers = document.get("mcpServers") if isinstance(document, dict) else None
-        except (OSError, ValueError, RecursionError) as exc:
-            return [finding(check, FAIL, f"{path} cannot be parsed ({exc})", f"repair {path}")]
-        if isinstance(servers, dict) and any(_is_our_server(entry) for entry in servers.values()):
-            return [finding(check, OK, f"MCP server `synapolis mcp` configured in {path}")]
-    return [finding(check, WARN, f"no `synapolis mcp` server in {candidates[0]} (hooks still deliver signals)",
-                    f"add to {candidates[0]}: {_mcp_snippet(harness)}")]
+    env = os.environ if env is None else env
+    results, found = doctor_mcp.check(project, harness, env)
+    if results:
+        return [finding(check, status, message, fix, mcp_entry=found) for status, message, fix in results]
+    first = doctor_mcp.mcp_files(project, harness, env)[0]
+    return [finding(check, WARN, f"no `synapolis mcp` server in {first} (hooks still deliver signals)",
+                    f"add to {first}: {_mcp_snippet(harness)}")]
 
 
 def check_harnesses(project: Path, env=None) -> list[dict]:
     wired = [h for h, spec in hook_install.HARNESSES.items()
-             if (project / spec.settings_path).parent.is_dir()]
+             if (project / spec.settings_path).parent.is_dir() or (project / MCP_FILES[h]).is_file()]
     if not wired:
         return [finding("harness", WARN, f"no harness is wired up in {project}",
                         "synapolis hooks install claude-code   (or gemini-cli, codex)")]

@@ -87,28 +87,29 @@ def run_guarded(call, ctx=None, args=None):
     as_json = _wants_json(sys.argv[1:] if args is None else args)
     try:
         return call()
-    except SynapolisError as exc:
-        report_error(exc, as_json)
-        sys.exit(exc.exit_code)
-    except click.exceptions.Exit:
-        raise
-    except click.exceptions.Abort:
+    except (click.exceptions.Exit, click.exceptions.Abort):
         raise
     except click.ClickException as exc:
         report_error(UsageError(exc.format_message()), as_json)
         sys.exit(2)
-    except KeyboardInterrupt:
+    except (Exception, KeyboardInterrupt):  # noqa: BLE001 - the contract: no traceback reaches a user
+        exit_for_error(as_json)
+
+
+def exit_for_error(as_json: bool) -> None:
+    """Inside an `except`: the exception being handled as the contract's one-line error and exit code."""
+    exc = sys.exc_info()[1]
+    if isinstance(exc, SynapolisError):
+        report_error(exc, as_json)
+        sys.exit(exc.exit_code)
+    if isinstance(exc, KeyboardInterrupt):
         sys.exit(130)
-    except BrokenPipeError:
+    if isinstance(exc, BrokenPipeError):
         sys.exit(0)
-    except OSError as exc:
+    if isinstance(exc, Exception) and (isinstance(exc, OSError) or not os.environ.get("SYNAPOLIS_DEBUG")):
         report_error(internal_error(exc), as_json)
         sys.exit(1)
-    except Exception as exc:  # noqa: BLE001 - the contract: no traceback reaches a user
-        if os.environ.get("SYNAPOLIS_DEBUG"):
-            raise
-        report_error(internal_error(exc), as_json)
-        sys.exit(1)
+    raise  # noqa: PLE0704 - SYNAPOLIS_DEBUG: the traceback, as asked
 
 
 def _close_verbs(name: str, verbs) -> list[str]:
@@ -187,17 +188,46 @@ def __getattr__(name):
 
 # -- the hook, without click ----------------------------------------------------------------------
 
+def _state_dir_first(args) -> tuple[str | None, list]:
+    """(the value of a leading `--state-dir DIR` / `--state-dir=DIR` or None, the arguments after it)."""
+    if args[:1] == ["--state-dir"] and len(args) > 1:
+        return args[1], args[2:]
+    if args[:1] and args[0].startswith("--state-dir="):
+        return args[0].partition("=")[2], args[1:]
+    return None, args
+
+
 def _hook_call(args) -> tuple[str | None, str] | None:
     """(state dir, harness) when `args` is exactly `[--state-dir DIR] hook HARNESS`; else None (click's turn:
     help, a missing or extra argument, anything unusual gets click's parsing and messages)."""
-    state_dir = None
-    if args[:1] == ["--state-dir"] and len(args) > 1:
-        state_dir, args = args[1], args[2:]
-    elif args[:1] and args[0].startswith("--state-dir="):
-        state_dir, args = args[0].partition("=")[2], args[1:]
+    state_dir, args = _state_dir_first(args)
     if len(args) == 2 and args[0] == "hook" and not args[1].startswith("-"):
         return state_dir, args[1]
     return None
+
+
+def _mcp_call(args) -> tuple[str | None, bool] | None:
+    """(state dir, --polling) when `args` is exactly `[--state-dir DIR] mcp [--polling]`; else None (click's)."""
+    state_dir, args = _state_dir_first(args)
+    if args[:1] != ["mcp"] or args[1:] not in ([], ["--polling"]):
+        return None
+    if state_dir is not None and (not state_dir or (os.path.exists(state_dir) and not os.path.isdir(state_dir))):
+        return None  # click's Path check and its message
+    return state_dir, bool(args[1:])
+
+
+def run_mcp(state_dir, polling: bool) -> None:
+    """`synapolis mcp` without click: it answers the handshake before the MCP SDK has loaded (mcp/front.py)."""
+    from ..workspace import Workspace
+
+    try:
+        root = Workspace.open(state_dir).ensure().root
+        from ..mcp.front import serve
+
+        serve(root, polling)
+    except (Exception, KeyboardInterrupt):  # noqa: BLE001 - the contract: no traceback reaches a user
+        exit_for_error(False)
+    sys.exit(0)
 
 
 def run_hook(harness: str, state_dir=None) -> None:
@@ -257,6 +287,10 @@ def main(argv=None):
     if hook is not None:
         one_call()
         _hook_main(*hook)
+    mcp = _mcp_call(args)
+    if mcp is not None:
+        gc.enable()  # a long-lived server
+        run_mcp(*mcp)
     from .fast import parse, run
 
     call = parse(args)

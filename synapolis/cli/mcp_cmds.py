@@ -20,10 +20,7 @@ def mcp_cmd(ws, polling):
 
     Example: synapolis --state-dir ./state mcp
     """
-    # the SDK is imported here and nowhere else on the CLI's paths: it is slow to import
-    from ..mcp.server import create_server
-    from ..store import keep_connections
+    # the SDK is imported behind the front (mcp/front.py), and nowhere else on the CLI's paths: it is slow
+    from ..mcp.front import serve
 
-    keep_connections()  # a database store keeps a pool: this process serves many calls
-
-    create_server(ws.root, force_polling=polling).run("stdio")
+    serve(ws.root, polling)

@@ -3,14 +3,16 @@
 The SDK's stdio wraps the process's files and runs each readline, write and flush on a worker thread, three
 thread hops per message; where stdin and stdout are pipes or sockets (what every harness gives a server)
 these read and write them from the loop itself. Anything else (a file, a terminal) gets the SDK's stdio.
+
+`serve_behind` is the same serving, with `synapolis mcp`'s front (mcp/front.py) between the wire and the SDK.
+Importing this module imports neither anyio nor the SDK: the front uses `take_wire` before they load.
 """
 
 from __future__ import annotations
 
 import os
+from collections import deque
 from contextlib import asynccontextmanager
-
-import anyio
 
 
 async def serve(lowlevel_server, *, fast: bool = True) -> None:
@@ -70,6 +72,7 @@ class AnsweringBadLines:
         return await self._inner.__aexit__(*exc)
 
     async def _answer(self, exc: Exception) -> None:
+        import anyio
         from mcp.shared.message import SessionMessage
         from mcp.types import INVALID_REQUEST, PARSE_ERROR, ErrorData, JSONRPCError
 
@@ -81,6 +84,50 @@ class AnsweringBadLines:
             await self._write.send(SessionMessage(JSONRPCError(jsonrpc="2.0", id=None, error=error)))
         except anyio.ClosedResourceError:
             pass  # the client went away: nobody to tell
+
+
+async def serve_behind(lowlevel_server, front, queued, wire, begun: bytes = b"") -> None:
+    """Serve `lowlevel_server` on `wire` (from `take_wire`) with `front` answering what it can: the SDK reads
+    the lines `queued` before the front took over, then each line the front passes on (the first one `begun`
+    before); what the SDK writes goes out unless the front drops it (the answer to a request it replayed)."""
+    from mcp.server.stdio import stdio_server
+
+    async with _pipe_stdio(wire) as (stdin, stdout):
+        stdin.begin_with(begun)
+        front.send = stdout.put
+        lines = _FrontLines(front, stdin, queued)
+        async with stdio_server(lines, _FrontWriter(front, stdout)) as (read_stream, write_stream):
+            await lowlevel_server.run(AnsweringBadLines(read_stream, write_stream), write_stream,
+                                      lowlevel_server.create_initialization_options())
+
+
+class _FrontLines:
+    """The lines the SDK reads: those queued, then each line of the wire the front does not answer itself."""
+
+    def __init__(self, front, lines, queued):
+        self._front, self._lines, self._queued = front, lines, deque(queued)
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> str:
+        while not self._queued:
+            self._queued.extend(self._front.take(await self._lines.__anext__()))
+        return self._queued.popleft()
+
+
+class _FrontWriter:
+    """stdout as the SDK writes it, minus what the front drops."""
+
+    def __init__(self, front, writer):
+        self._front, self._writer = front, writer
+
+    async def write(self, text: str) -> None:
+        if not self._front.drops(text):
+            await self._writer.write(text)
+
+    async def flush(self) -> None:
+        await self._writer.flush()
 
 
 def _pipes(*fds: int) -> bool:
@@ -101,6 +148,10 @@ class _PipeLines:
         self._reader = reader
         self._buffer = bytearray()
         self._scanned = 0
+
+    def begin_with(self, data: bytes) -> None:
+        """Read `data` (read off the wire before this reader existed) first."""
+        self._buffer[:0] = data
 
     def __aiter__(self):
         return self
@@ -129,27 +180,32 @@ class _PipeWriter:
     def __init__(self, writer):
         self._writer = writer
 
-    async def write(self, text: str) -> None:
+    def put(self, text: str) -> None:
+        """`text` onto the wire now (the transport buffers what the pipe does not take yet)."""
+        import anyio
+
         if self._writer.transport.is_closing():
             raise anyio.ClosedResourceError  # the client went away: the SDK's writer ends quietly on this
         self._writer.write(text.encode("utf-8"))
 
+    async def write(self, text: str) -> None:
+        self.put(text)
+
     async def flush(self) -> None:
+        import anyio
+
         try:
             await self._writer.drain()
         except (ConnectionError, OSError):
             raise anyio.ClosedResourceError from None
 
 
-@asynccontextmanager
-async def _pipe_stdio():
-    """(stdin lines, stdout writer) on private duplicates of fds 0 and 1, as the SDK's stdio does: while the
-    server runs, fd 0 reads /dev/null and fd 1 writes to stderr, so a stray print or a child process never
-    corrupts the protocol; both are put back on the way out."""
-    import asyncio
+def take_wire():
+    """(wire in, wire out): private duplicates of fds 0 and 1, as the SDK's stdio takes them: from now on fd 0
+    reads /dev/null and fd 1 writes to stderr, so a stray print or a child process never corrupts the
+    protocol. `_pipe_stdio` puts both back on its way out."""
     import fcntl
 
-    loop = asyncio.get_running_loop()
     wire_in = os.fdopen(fcntl.fcntl(0, fcntl.F_DUPFD_CLOEXEC, 3), "rb", buffering=0)
     wire_out = os.fdopen(fcntl.fcntl(1, fcntl.F_DUPFD_CLOEXEC, 3), "wb", buffering=0)
     null = os.open(os.devnull, os.O_RDWR)
@@ -161,6 +217,17 @@ async def _pipe_stdio():
             os.dup2(null, 1)
     finally:
         os.close(null)
+    return wire_in, wire_out
+
+
+@asynccontextmanager
+async def _pipe_stdio(wire=None):
+    """(stdin lines, stdout writer) on `wire` (`take_wire`'s, taken here when not given), from the event loop;
+    fds 0 and 1 are put back on the way out."""
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    wire_in, wire_out = wire or take_wire()
     transports = []
     try:
         reader = asyncio.StreamReader(limit=1 << 20)
