@@ -65,8 +65,12 @@ def _may_join(ws, agent_id: str, run_token: str | None, elsewhere: list, now: da
 def start(ws, *, agent_id: str | None = None, session_id: str | None = None, harness: str | None = None,
           substrate: str | None = None, conversation_id: str | None = None, run_token: str | None = None,
           new_session: bool = False, deterministic_id: bool = False, env=None, piggyback: bool = True,
-          now: datetime | None = None, write_identity: bool = True) -> dict:
-    """`start_session`: register the agent in a session, beat, write identity.json, drain (startup_drain)."""
+          now: datetime | None = None, write_identity: bool = True, vouched: bool = False) -> dict:
+    """`start_session`: register the agent in a session, beat, write identity.json, drain (startup_drain).
+
+    `vouched`: the transport proved the caller is `agent_id` by its own credential (a bearer token pinned to
+    it, docs/MCP.md): it takes its agent back at once, live or not, under a fresh run token (a presented
+    one must still be right)."""
     env = os.environ if env is None else env
     now = clock(ws, now)
     if agent_id is not None:
@@ -101,7 +105,7 @@ def start(ws, *, agent_id: str | None = None, session_id: str | None = None, har
     # heartbeat file, claims held by name), so joining another session must not mint a second token
     # for someone else's id (docs/SECURITY.md)
     elsewhere = registrations(ws, agent_id, skip=session_id) \
-        if run_token is not None or ws.config.require_run_token else []
+        if run_token is not None or (ws.config.require_run_token and not vouched) else []
     with open_session(ws, session_id) as store, store.write() as conn:
         row = agent_row(conn, agent_id)
         stamp = ts(now)
@@ -112,6 +116,8 @@ def start(ws, *, agent_id: str | None = None, session_id: str | None = None, har
                 if not identity.token_matches(run_token, row["run_token"]):
                     raise ForbiddenError(f"wrong run token for agent {agent_id} in session {session_id}")
                 token, how = run_token, "reclaimed"
+            elif vouched:
+                token, how = identity.new_token(), "reclaimed"
             elif is_live(row, now, ws.config):
                 age = (now - parse_ts(row["last_heartbeat"])).total_seconds()
                 raise ConflictError(
