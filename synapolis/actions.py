@@ -449,10 +449,19 @@ def read_notes(ws, who: Who | None = None, *, session_id: str | None = None, lim
                   now=now) as call:
         scope = _read_scope(ws, call, session_id)
         notes = _notes_page(ws, scope[0], limit, before) if scope else []
-        notes = notes[len(notes) - _fit_newest(notes, budget_chars):]
+        notes = [_marked(n) for n in notes[len(notes) - _fit_newest(notes, budget_chars):]]
         remaining = max(0, notes[0]["seq"] - 1) if notes else 0  # seqs count up from 1 (board.append_note)
         return _finish_read(call, {"notes": notes, "session_id": scope[0] if scope else None,
                                    "remaining": remaining, "next_before": notes[0]["seq"] if remaining else None})
+
+
+def _marked(note: dict) -> dict:
+    """A note with `person` when a person wrote it (synapolis.people)."""
+    from .names import PERSON_PREFIX
+
+    if note.get("agent_id", "").startswith(PERSON_PREFIX):
+        return {**note, "person": note["agent_id"][len(PERSON_PREFIX):]}
+    return note
 
 
 def _notes_page(ws, session_id: str, limit: int, before: int | None) -> list[dict]:
