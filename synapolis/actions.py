@@ -584,9 +584,11 @@ def claim_check(ws, who: Who | None, item: str, token, *, env=None, now: datetim
     """The fencing check: the live claim record, StaleToken (exit 7) or NotFoundError (exit 6).
 
     It acts as nobody (a guarded write checks on its own, whoever runs it), so it delivers nothing; `who`
-    and `env` are accepted so every surface calls it like any verb. (Listing the claims is no agent's
+    and `env` are accepted so every surface calls it like any verb, and a wrong run token in them is refused. (Listing the claims is no agent's
     verb either: the CLI's `claims` calls `claims.list_claims`, as the status screen does.)"""
     from . import claims
+    from .agent_call import check_presented
 
+    check_presented(ws, who, env=env)  # a run token it is given must still be right (exit 7)
     return {"claim": claims.check(ws, item, token, now=now), "live": True, "pending_signals": [],
             "pending_remaining": 0}

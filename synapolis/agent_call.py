@@ -295,6 +295,16 @@ class as_agent:
             opened.__exit__(kind, value, traceback)
 
 
+def check_presented(ws, who: Who | None, *, env=None) -> None:
+    """For a verb that acts as nobody (claim_check) called with a run token: refuse a wrong one (exit 7), as
+    every verb does, without acting as anyone (nothing refreshed, nothing delivered)."""
+    if who is None or who.run_token is None:
+        return
+    with as_agent(ws, who, env=env, piggyback=False, mutation=False, required=False) as call:
+        if call is not None:
+            call.finished = True  # proven: nothing to refresh, it acts as nobody
+
+
 def in_session(who: Who | None, session_id: str | None = None) -> Who:
     """`who`, with the session named when one is (a read verb's --session-id)."""
     who = who or Who()
