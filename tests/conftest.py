@@ -703,6 +703,32 @@ def harness_home(tmp_path, monkeypatch):
 
 # -- the real harness binaries (tests/test_harness_*.py) -------------------------------------------
 
+def respond(handler, status: int, content_type: str, body: bytes) -> None:
+    """Answer the request a BaseHTTPRequestHandler is handling with `body` (a local stand-in's reply)."""
+    handler.send_response(status)
+    handler.send_header("Content-Type", content_type)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+class LocalServer:
+    """A ThreadingHTTPServer for `handler` on a free loopback port, served on a daemon thread (a stand-in for a
+    model API): `url`, and `close()`."""
+
+    def __init__(self, handler):
+        import threading
+        from http.server import ThreadingHTTPServer
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
 HARNESS_CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".ci", "cache", "harnesses")
 
 

@@ -12,17 +12,16 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
-from conftest import require_harness
+from conftest import LocalServer, require_harness, respond
 
 pytest.importorskip("mcp")
 
 
-class ScriptedModel:
+class ScriptedModel(LocalServer):
     """A Messages API stand-in that answers a request offering the scripted tools with the next tool call (one
     per tool_result the conversation already holds), then with a final text; every request body is kept."""
 
@@ -53,13 +52,8 @@ class ScriptedModel:
                 else:
                     self._answer(body, {"type": "text", "text": "done"}, "end_turn")
 
-            def _json(self, obj, status=200):
-                out = json.dumps(obj).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(out)))
-                self.end_headers()
-                self.wfile.write(out)
+            def _json(self, obj):
+                respond(self, 200, "application/json", json.dumps(obj).encode())
 
             def _answer(self, body, block, stop):
                 message = {"id": "msg_standin", "type": "message", "role": "assistant", "model": body.get("model", "m"),
@@ -78,22 +72,12 @@ class ScriptedModel:
                                              "delta": {"stop_reason": stop, "stop_sequence": None}}),
                           ("message_stop", {"type": "message_stop"})]
                 out = "".join(f"event: {k}\ndata: {json.dumps(v)}\n\n" for k, v in events).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Content-Length", str(len(out)))
-                self.end_headers()
-                self.wfile.write(out)
+                respond(self, 200, "text/event-stream", out)
 
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_port}"
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)
 
 
 def tool_results(bodies) -> list[str]:

@@ -149,7 +149,9 @@ class ServerState:
     def recall(self, ctx, principal: Principal) -> Remembered | None:
         """What start_session made this client (with this same token)."""
         key = self._memory_key(ctx, principal)
-        return self.memory.recall(key, principal.key or principal.name, self.workspace(), principal.secret)
+        # only a stateless client's identity may be in the file (a restarted server's): no workspace otherwise
+        ws = self.workspace() if key[0] == "stateless" else None
+        return self.memory.recall(key, principal.key or principal.name, ws, principal.secret)
 
     def remember(self, ctx, result: dict) -> None:
         principal = principal_of(ctx)
