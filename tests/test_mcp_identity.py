@@ -237,6 +237,24 @@ def test_a_pinned_token_takes_its_agent_back_at_once_and_its_sub_agent_stays_its
 
 # -- stateless clients: per token and client, across a restart --------------------------------------------
 
+def test_the_sdks_auto_client_negotiates_2026_07_28_and_stays_the_agent_it_started(served):
+    """`Client(mode="auto")` (the SDK's default) probes with server/discover and speaks 2026-07-28: no MCP
+    session; its second call acts as the agent its first made (it was NoIdentityError)."""
+    token = served.token("team")
+
+    async def main():
+        async with mcp_http_client(served.url, token, "auto") as c:
+            assert c.protocol_version == MODERN
+            started = await ok(c, "start_session", agent_id="auto-agent")
+            assert (await ok(c, "note", text="second"))["note"]["agent_id"] == "auto-agent"
+            assert (await ok(c, "read_signals"))["agent_id"] == "auto-agent"
+            return started
+
+    started = run(main)
+    kept = json.loads((served.state_dir / "mcp-identities.json").read_text())["clients"]
+    assert [(e["agent_id"], e["session_id"]) for e in kept.values()] == [("auto-agent", started["session_id"])]
+
+
 @pytest.mark.parametrize("require_run_token", [False, True])
 def test_a_stateless_clients_identity_survives_a_server_restart(state_dir, cli, require_run_token):
     ws = Workspace.open(state_dir).ensure()
