@@ -584,8 +584,9 @@ def claim_check(ws, who: Who | None, item: str, token, *, env=None, now: datetim
     """The fencing check: the live claim record, StaleToken (exit 7) or NotFoundError (exit 6).
 
     It acts as nobody (a guarded write checks on its own, whoever runs it), so it delivers nothing; `who`
-    and `env` are accepted so every surface calls it like any verb, and a wrong run token in them is refused. (Listing the claims is no agent's
-    verb either: the CLI's `claims` calls `claims.list_claims`, as the status screen does.)"""
+    and `env` are accepted so every surface calls it like any verb, and a wrong run token in them is
+    refused. (Listing the claims is no agent's verb either: the CLI's `claims` calls `claims.list_claims`,
+    as the status screen does.)"""
     from . import claims
     from .agent_call import check_presented
 

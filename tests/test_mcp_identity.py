@@ -34,7 +34,8 @@ WRONG = "0" * 32
 ACTING = [("beat", {}), ("signal", {"to": "*", "content": "x"}), ("read_signals", {}), ("ack_signals", {"all": True}),
           ("signals_pending", {}), ("read_notes", {}), ("note", {"text": "x"}), ("list_agents", {}),
           ("write_whiteboard", {"key": "k2", "value": "v"}), ("read_whiteboard", {}), ("tired", {}),
-          ("claim", {"item": "ticket:9"}), ("release", {"item": "ticket:8"}), ("claim_check", {"item": "ticket:8", "token": 1})]
+          ("claim", {"item": "ticket:9"}), ("release", {"item": "ticket:8"}),
+          ("claim_check", {"item": "ticket:8", "token": 1})]
 READERS = {"read_signals", "read_notes", "list_agents", "read_whiteboard", "claim_check"}
 
 
@@ -87,12 +88,13 @@ async def no_impostor_gets_through(client, ws, tokens, *, require_run_token: boo
             tried += 1
             if result.is_error:
                 text = result.content[0].text
-                assert text.split(" (exit ")[0] in ("ForbiddenError", "UsageError", "NoIdentityError"), (what, tool, text)
+                refusal = text.split(" (exit ")[0]
+                assert refusal in ("ForbiddenError", "UsageError", "NoIdentityError"), (what, tool, text)
             else:  # only a reader, reading as nobody, answers (under require_run_token without a token)
                 assert tool in READERS and "run_token" not in ident, (what, tool, result.structured_content)
                 assert result.structured_content["pending_signals"] == []
             assert snapshot(ws, session) == before, (what, tool)
-        # the inbox resource: bob's, read by alice's client naming nobody
+    # the inbox resource: bob's, read by alice's client
     with pytest.raises(MCPError):
         await client.read_resource(inbox_uri(session, "bob"))
     result = await client.call_tool("start_session", {"agent_id": "bob", "session_id": session, "run_token": WRONG})
