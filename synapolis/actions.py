@@ -65,8 +65,12 @@ def _may_join(ws, agent_id: str, run_token: str | None, elsewhere: list, now: da
 def start(ws, *, agent_id: str | None = None, session_id: str | None = None, harness: str | None = None,
           substrate: str | None = None, conversation_id: str | None = None, run_token: str | None = None,
           new_session: bool = False, deterministic_id: bool = False, env=None, piggyback: bool = True,
-          now: datetime | None = None, write_identity: bool = True) -> dict:
-    """`start_session`: register the agent in a session, beat, write identity.json, drain (startup_drain)."""
+          now: datetime | None = None, write_identity: bool = True, vouched: bool = False) -> dict:
+    """`start_session`: register the agent in a session, beat, write identity.json, drain (startup_drain).
+
+    `vouched`: the transport proved the caller is `agent_id` by its own credential (a bearer token pinned to
+    it, docs/MCP.md): it takes its agent back at once, live or not, under a fresh run token (a presented
+    one must still be right)."""
     env = os.environ if env is None else env
     now = clock(ws, now)
     if agent_id is not None:
@@ -101,7 +105,7 @@ def start(ws, *, agent_id: str | None = None, session_id: str | None = None, har
     # heartbeat file, claims held by name), so joining another session must not mint a second token
     # for someone else's id (docs/SECURITY.md)
     elsewhere = registrations(ws, agent_id, skip=session_id) \
-        if run_token is not None or ws.config.require_run_token else []
+        if run_token is not None or (ws.config.require_run_token and not vouched) else []
     with open_session(ws, session_id) as store, store.write() as conn:
         row = agent_row(conn, agent_id)
         stamp = ts(now)
@@ -112,6 +116,8 @@ def start(ws, *, agent_id: str | None = None, session_id: str | None = None, har
                 if not identity.token_matches(run_token, row["run_token"]):
                     raise ForbiddenError(f"wrong run token for agent {agent_id} in session {session_id}")
                 token, how = run_token, "reclaimed"
+            elif vouched:
+                token, how = identity.new_token(), "reclaimed"
             elif is_live(row, now, ws.config):
                 age = (now - parse_ts(row["last_heartbeat"])).total_seconds()
                 raise ConflictError(
@@ -443,10 +449,19 @@ def read_notes(ws, who: Who | None = None, *, session_id: str | None = None, lim
                   now=now) as call:
         scope = _read_scope(ws, call, session_id)
         notes = _notes_page(ws, scope[0], limit, before) if scope else []
-        notes = notes[len(notes) - _fit_newest(notes, budget_chars):]
+        notes = [_marked(n) for n in notes[len(notes) - _fit_newest(notes, budget_chars):]]
         remaining = max(0, notes[0]["seq"] - 1) if notes else 0  # seqs count up from 1 (board.append_note)
         return _finish_read(call, {"notes": notes, "session_id": scope[0] if scope else None,
                                    "remaining": remaining, "next_before": notes[0]["seq"] if remaining else None})
+
+
+def _marked(note: dict) -> dict:
+    """A note with `person` when a person wrote it (synapolis.people)."""
+    from .names import PERSON_PREFIX
+
+    if note.get("agent_id", "").startswith(PERSON_PREFIX):
+        return {**note, "person": note["agent_id"][len(PERSON_PREFIX):]}
+    return note
 
 
 def _notes_page(ws, session_id: str, limit: int, before: int | None) -> list[dict]:
@@ -569,9 +584,12 @@ def claim_check(ws, who: Who | None, item: str, token, *, env=None, now: datetim
     """The fencing check: the live claim record, StaleToken (exit 7) or NotFoundError (exit 6).
 
     It acts as nobody (a guarded write checks on its own, whoever runs it), so it delivers nothing; `who`
-    and `env` are accepted so every surface calls it like any verb. (Listing the claims is no agent's
-    verb either: the CLI's `claims` calls `claims.list_claims`, as the status screen does.)"""
+    and `env` are accepted so every surface calls it like any verb, and a wrong run token in them is
+    refused. (Listing the claims is no agent's verb either: the CLI's `claims` calls `claims.list_claims`,
+    as the status screen does.)"""
     from . import claims
+    from .agent_call import check_presented
 
+    check_presented(ws, who, env=env)  # a run token it is given must still be right (exit 7)
     return {"claim": claims.check(ws, item, token, now=now), "live": True, "pending_signals": [],
             "pending_remaining": 0}

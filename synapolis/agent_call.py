@@ -36,7 +36,8 @@ def proven(ws, caller, row, required: bool) -> bool:
     A presented run token must be the agent's: the one of its registration in the caller's session
     (`row`), or, when it is not registered there (a bare beat, a claim naming a session of the caller's
     choosing), the one of any of its registrations anywhere; otherwise ForbiddenError (exit 7), always.
-    Without a token: with require_run_token, a verb that needs its caller is refused (exit 7) and a
+    Without a token: a caller the transport vouched for (a pinned bearer token) goes ahead; else with
+    require_run_token, a verb that needs its caller is refused (exit 7) and a
     reader that needs none acts as nobody (False: it refreshes and delivers nothing); with tokens off,
     the name is the identity and the call goes ahead.
     """
@@ -46,8 +47,8 @@ def proven(ws, caller, row, required: bool) -> bool:
             where = f"in session {caller.session_id}" if row is not None else "in any session"
             raise ForbiddenError(f"wrong run token for agent {caller.agent_id} {where}")
         return True
-    if not ws.config.require_run_token:
-        return True
+    if getattr(caller, "vouched", False) or not ws.config.require_run_token:
+        return True  # vouched: the transport's own credential (a pinned bearer token) proved it
     if not required:
         return False
     raise ForbiddenError(f"require_run_token is on: agent {caller.agent_id} must present its run token "
@@ -294,9 +295,19 @@ class as_agent:
             opened.__exit__(kind, value, traceback)
 
 
+def check_presented(ws, who: Who | None, *, env=None) -> None:
+    """For a verb that acts as nobody (claim_check) called with a run token: refuse a wrong one (exit 7), as
+    every verb does, without acting as anyone (nothing refreshed, nothing delivered)."""
+    if who is None or who.run_token is None:
+        return
+    with as_agent(ws, who, env=env, piggyback=False, mutation=False, required=False) as call:
+        if call is not None:
+            call.finished = True  # proven: nothing to refresh, it acts as nobody
+
+
 def in_session(who: Who | None, session_id: str | None = None) -> Who:
     """`who`, with the session named when one is (a read verb's --session-id)."""
     who = who or Who()
     if session_id is not None:
-        return Who(who.agent_id, session_id, who.run_token, who.named_only)
+        return Who(who.agent_id, session_id, who.run_token, who.named_only, who.vouched)
     return who

@@ -4,17 +4,15 @@
 incidents) plus, for each active session, its newest signals (each with who it was delivered to and who
 read it), notes, whiteboard and staged memories, and the memory ledger's newest lines. `agent_view` is one
 agent's page: its beat history and transitions from the monitor's snapshots, its signals with their
-delivery state, its claims and notes. `post` sends a note or a signal as the token's identity. The web page
-(synapolis/web/) only renders these.
+delivery state, its claims and notes. `Poster` sends a note or a signal as a person, or as the agent a
+pinned token is. The web page (synapolis/web/) only renders these.
 """
 
 from __future__ import annotations
 
-import hmac
-import threading
 from datetime import datetime
 
-from . import actions, board, overview, signals
+from . import actions, board, overview, people, signals
 from .errors import NoIdentityError, SynapolisError, UsageError
 from .identity import Who
 from .sessions import active_sessions, each_store
@@ -25,7 +23,6 @@ SIGNALS_SHOWN = 20
 NOTES_SHOWN = 20
 LEDGER_SHOWN = 20
 RECEIPTS_SCANNED = 200  # per reader: how far back a signal's delivery state is looked up
-PAGE_HARNESS = "dashboard"  # the harness of the people the page registers
 
 
 def collect(ws, now: datetime | None = None, *, signals_shown: int = SIGNALS_SHOWN,
@@ -40,13 +37,14 @@ def collect(ws, now: datetime | None = None, *, signals_shown: int = SIGNALS_SHO
         ids = []
     # a damaged or locked session store is left out: the rest of the page still shows
     for session_id, tx in each_store(ws, ids, skip_broken=True):
-        recent = signals.recent(tx, signals_shown)
+        recent = [people.mark(g, "sender") for g in signals.recent(tx, signals_shown)]
         with_receipts(tx, recent)
         shown.append({"session_id": session_id, "signals": recent, "whiteboard": board.read_entries(tx),
                       "staged_memories": _staged(tx)})
     for entry in shown:
         try:
-            entry["notes"] = store_for(ws).read_notes(entry["session_id"], notes_shown)
+            entry["notes"] = [people.mark(n, "agent_id")
+                              for n in store_for(ws).read_notes(entry["session_id"], notes_shown)]
         except (OSError, SynapolisError) as exc:
             entry["notes"] = []
             data["problems"].append(f"notes of {entry['session_id']}: {exc}")
@@ -133,7 +131,7 @@ def agent_view(ws, agent_id: str, now: datetime | None = None) -> dict:
                 g["direction"] = "in"
             for g in sent:
                 g["direction"] = "out"
-            view["signals"] = sorted(mine + sent, key=lambda g: g["sequence"])
+            view["signals"] = [people.mark(g, "sender") for g in sorted(mine + sent, key=lambda g: g["sequence"])]
         try:
             notes = store_for(ws).read_notes(session_id, 4 * NOTES_SHOWN)
             view["notes"] = [n for n in notes if n.get("agent_id") == agent_id][-NOTES_SHOWN:]
@@ -148,55 +146,28 @@ def shown_sessions(ws) -> list[str]:
 
 
 class Poster:
-    """Posts notes and signals from the page as one identity per token: the agent the token is pinned to,
-    or the agent the person names (a token that is not pinned may act as anyone, as over MCP).
-
-    A person is registered in the session on their first post (harness `dashboard`) and then declared
-    `stopped`, so the watchdog never treats them as an agent that died. Their run token is derived from the
-    bearer token that posts (`person_run_token`), not kept: after a restart the same token presents the same
-    run token, and another token presents another one, which require_run_token refuses.
-    """
+    """Posts notes and signals from the page. A token pinned to an agent posts as that agent (the token vouches
+    for it, require_run_token or not; it must be registered in the session). Any other token that may write
+    posts as a person (people.py): the note or signal says a person wrote it, and no agent's heartbeat or
+    registry entry is touched, so no dead agent comes back and no name typed becomes an agent."""
 
     def __init__(self, ws_of):
         self._ws_of = ws_of  # () -> the Workspace as of now (its config may change)
-        # one post at a time per agent: two first posts at once (a double click, two tabs) each registered
-        # them, and the second registration was ConflictError (already active)
-        self._locks: dict = {}
 
-    def post(self, bearer: str, agent_id: str, session_id: str, *, note: str | None = None,
+    def post(self, token_name: str, pinned: str | None, session_id: str, *, note: str | None = None,
              to: str | None = None, content: str | None = None, type: str = "inform") -> dict:
         ws = self._ws_of()
         if (note is None) == (content is None):
             raise UsageError("post a note or a signal")
-        run_token = person_run_token(bearer, agent_id, session_id)
-
-        def act(who):
+        if pinned is None:
+            if note is not None:
+                return people.note(ws, token_name, session_id, note)
+            return people.signal(ws, token_name, session_id, to, content, type=type)
+        who = Who(pinned, session_id, None, named_only=True, vouched=True)
+        try:
             if note is not None:
                 return actions.note(ws, who, note, env={}, piggyback=False)
             return actions.signal(ws, who, to, content, type=type, env={}, piggyback=False)
-
-        # setdefault: atomic, the posts' threads race here; per agent, whichever token posts as it
-        with self._locks.setdefault((agent_id, session_id), threading.Lock()):
-            # without require_run_token an unpinned token may act as anyone registered, as over MCP: the run
-            # token is shown only where it is required
-            presented = run_token if ws.config.require_run_token else None
-            try:
-                return act(Who(agent_id, session_id, presented, named_only=True))
-            except NoIdentityError:
-                pass  # not in the session yet: registered below
-            started = actions.start(ws, agent_id=agent_id, session_id=session_id, harness=PAGE_HARNESS, env={},
-                                    run_token=run_token, piggyback=False, write_identity=False)
-            who = Who(agent_id, session_id, started["run_token"], named_only=True)
-            try:
-                return act(who)
-            finally:
-                actions.beat(ws, who, status="stopped", env={}, piggyback=False)
-
-
-def person_run_token(bearer: str, agent_id: str, session_id: str) -> str:
-    """The run token of the page's person `agent_id` in `session_id` posting with the bearer token `bearer`: an
-    HMAC under that bearer token, so only its holder's posts present it, the same one after a restart of the
-    server, and no secret of the server's need be kept for it."""
-    mac = hmac.new(bearer.encode("utf-8", "surrogatepass"), f"dashboard-person\0{session_id}\0{agent_id}".encode(),
-                   "sha256")
-    return mac.hexdigest()[:32]  # 128 bits, as identity.new_token's
+        except NoIdentityError:
+            raise NoIdentityError(f"agent {pinned} is not in session {session_id}: this token posts as that agent, "
+                                  "which must join the session first (start_session)") from None

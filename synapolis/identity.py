@@ -74,24 +74,31 @@ class Who(_Record):
 
     `named_only`: a remote caller (the HTTP server's clients): only what it names counts; neither the
     environment nor identity.json (which belong to the server's machine) is consulted, nor lends a token.
+    `vouched`: the transport has proven the caller is `agent_id` by a credential of its own (a bearer token
+    pinned to that agent or its parent, docs/MCP.md "Identity"), so it needs no run token; a run token it
+    does present must still be right. Only a server sets it, never from what a call passes.
     """
 
-    __slots__ = ("agent_id", "session_id", "run_token", "named_only")
+    __slots__ = ("agent_id", "session_id", "run_token", "named_only", "vouched")
 
     def __init__(self, agent_id: str | None = None, session_id: str | None = None, run_token: str | None = None,
-                 named_only: bool = False):
+                 named_only: bool = False, vouched: bool = False):
         self.agent_id, self.session_id, self.run_token = agent_id, session_id, run_token
         self.named_only = named_only
+        self.vouched = bool(vouched and agent_id is not None)
 
 
 class Caller(_Record):
-    """The resolved identity; `session_id` is None only when the agent is in no session (a bare beat)."""
+    """The resolved identity; `session_id` is None only when the agent is in no session (a bare beat).
+    `vouched`: as Who's (the agent named was proven by the transport's credential)."""
 
-    __slots__ = ("agent_id", "session_id", "run_token", "source")
+    __slots__ = ("agent_id", "session_id", "run_token", "source", "vouched")
 
-    def __init__(self, agent_id: str, session_id: str | None, run_token: str | None, source: str):
+    def __init__(self, agent_id: str, session_id: str | None, run_token: str | None, source: str,
+                 vouched: bool = False):
         # source: "options" | "env" | "identity.json"
         self.agent_id, self.session_id, self.run_token, self.source = agent_id, session_id, run_token, source
+        self.vouched = vouched
 
 
 def read_identity_file(ws) -> dict | None:
@@ -245,4 +252,4 @@ def resolve(ws, who: Who | None = None, env=None, required: bool = True, need_se
             return None
         raise NoIdentityError(f"agent {agent} is in no active session: pass --session-id or run "
                               "`synapolis start`")
-    return Caller(agent, session, token, source)
+    return Caller(agent, session, token, source, vouched=who.vouched and source == "options")

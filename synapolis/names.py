@@ -17,6 +17,8 @@ MAX_ITEM = 200
 # the names synapolis itself speaks with (the watchdog's warnings come from `synapolis.watchdog`):
 # `synapolis` and everything under it, in any case, so nobody registers one, acts as one or sends as one
 RESERVED_ROOT = "synapolis"
+# a person who posts (the dashboard): `synapolis.person.<name>`, under the reserved root (synapolis.people)
+PERSON_PREFIX = RESERVED_ROOT + ".person."
 
 
 def sha256_hex(data: bytes) -> str:

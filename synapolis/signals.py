@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from .errors import ForbiddenError, NotFoundError, RateLimitedError, UsageError
-from .names import check_content, is_subagent_of, sha256_hex, validate_agent_id
+from .names import PERSON_PREFIX, check_content, is_subagent_of, sha256_hex, validate_agent_id
 from .sessions import agent_row, ts
 
 TYPES = ("inform", "query", "delegate", "ack", "warn", "sleep_event", "sleep_request")
@@ -41,6 +41,8 @@ def as_dict(row) -> dict:
     out = {"id": row["id"], "sequence": row["sequence"], "timestamp": row["timestamp"], "sender": row["sender"],
            "recipient": row["recipient"], "type": row["type"], "content": row["content"],
            "lamport": row["lamport"], "reply_to": row["reply_to"]}
+    if out["sender"].startswith(PERSON_PREFIX):  # a person wrote it (synapolis.people)
+        out["person"] = out["sender"][len(PERSON_PREFIX):]
     keys = row.keys()
     if "read_at" in keys:
         out["read"] = row["read_at"] is not None

@@ -46,7 +46,8 @@ def configure(ws, **values):
 # Modules whose tests (those using `ws`) run against SQLite and PostgreSQL; a test that reads the SQLite
 # file itself is marked `sqlite_only`.
 BOTH_STORES = {"test_signals", "test_store_pool", "test_delivery", "test_sleep", "test_sessions", "test_board", "test_signals_processes", "test_store",
-               "test_claims", "test_mcp"}
+               "test_claims", "test_mcp", "test_mcp_identity",
+               "test_people"}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PG_SCRIPT = os.path.join(ROOT, "scripts", "synapolis-test-postgres")
 
@@ -701,6 +702,32 @@ def harness_home(tmp_path, monkeypatch):
 
 
 # -- the real harness binaries (tests/test_harness_*.py) -------------------------------------------
+
+def respond(handler, status: int, content_type: str, body: bytes) -> None:
+    """Answer the request a BaseHTTPRequestHandler is handling with `body` (a local stand-in's reply)."""
+    handler.send_response(status)
+    handler.send_header("Content-Type", content_type)
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+class LocalServer:
+    """A ThreadingHTTPServer for `handler` on a free loopback port, served on a daemon thread (a stand-in for a
+    model API): `url`, and `close()`."""
+
+    def __init__(self, handler):
+        import threading
+        from http.server import ThreadingHTTPServer
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
 
 HARNESS_CACHE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".ci", "cache", "harnesses")
 

@@ -53,7 +53,7 @@ def browser(tmp_path):
 
 
 def test_dashboard_in_chromium(served, cli, browser, tmp_path):
-    token = served.token("ops", "--agent", "ops")
+    token = served.token("ops")  # a person's: the page posts as the person ops (tests/test_people.py)
     session = json.loads(cli("start", "--agent-id", "alice", "--json").stdout)["session_id"]
     cli("beat", "--task", "porting the parser", "--agent-id", "alice")
     cli("claim", "src/parser.py", "--agent-id", "alice")
@@ -91,13 +91,13 @@ def test_dashboard_in_chromium(served, cli, browser, tmp_path):
     assert shown_after < LIVE_S, shown_after
     assert page.evaluate("window.notReloaded") is True
 
-    # post a note from the page: it is the token's agent's, and the CLI reads it
+    # post a note from the page: it is the token's person's, and the CLI reads it
     page.select_option("#post-session", session)
     page.fill("#post-text", "posted from the browser")
     page.click("#post-form button[type=submit]")
     page.wait_for_selector("#message:text-is('posted')", timeout=10_000)
     notes = json.loads(cli("read-notes", "--session-id", session, "--json").stdout)["notes"]
-    assert [(n["agent_id"], n["text"]) for n in notes] == [("ops", "posted from the browser")]
+    assert [(n["person"], n["text"]) for n in notes] == [("ops", "posted from the browser")]
     page.wait_for_selector("text=posted from the browser", timeout=(LIVE_S + 1) * 1000)
 
     # a phone's width: everything readable without sideways scrolling of the page

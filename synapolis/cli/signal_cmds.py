@@ -177,7 +177,9 @@ def read_notes_cmd(ws, limit, before, who, piggyback, as_json):
     data = actions.read_notes(ws, who, session_id=who.session_id, limit=limit, before=before, piggyback=piggyback)
 
     def text(d):
-        lines = [f"#{n['seq']:<4} {ago(n['at']):>8}  {n['agent_id']}: {n['text']}" for n in d["notes"]] or ["no notes"]
+        lines = [f"#{n['seq']:<4} {ago(n['at']):>8}  "
+                 f"{n['person'] + ' (person)' if n.get('person') else n['agent_id']}: {n['text']}"
+                 for n in d["notes"]] or ["no notes"]
         if d.get("remaining"):
             lines.insert(0, more_line(d["remaining"], "older notes",
                                       f"`synapolis read-notes --before {d['next_before']}`"))

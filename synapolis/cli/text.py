@@ -46,7 +46,8 @@ def signal_line(s: dict) -> str:
     if s.get("reply_to"):
         flags.append(f"re {s['reply_to'][:8]}")
     extra = f" ({', '.join(flags)})" if flags else ""
-    return (f"#{s['sequence']:<5} {s['id'][:12]}  {ago(s['timestamp']):>8}  {s['sender']} -> {s['recipient']}  "
+    sender = f"{s['person']} (person)" if s.get("person") else s["sender"]  # a person wrote it (synapolis.people)
+    return (f"#{s['sequence']:<5} {s['id'][:12]}  {ago(s['timestamp']):>8}  {sender} -> {s['recipient']}  "
             f"[{s['type']}]{extra}  {one_line(s['content'])}")
 
 

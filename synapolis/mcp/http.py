@@ -41,8 +41,10 @@ def bearer(headers) -> str | None:
     return token.strip() or None if scheme.lower() == "bearer" else None
 
 
-def principal_for(record: dict) -> Principal:
-    return Principal(record["name"], record.get("agent_id"), bool(record.get("read_only")))
+def principal_for(record: dict, presented: str | None = None) -> Principal:
+    """The Principal of a verified token record; `presented`: the bearer token itself, kept for the request."""
+    return Principal(record["name"], record.get("agent_id"), bool(record.get("read_only")),
+                     key=digest(presented) if presented else None, secret=presented)
 
 
 async def unauthorized(send, message: str = "a valid bearer token is required (synapolis tokens create)") -> None:
@@ -69,7 +71,7 @@ class BearerGate:
         record = self.book.verify(presented)
         if record is None:
             return await unauthorized(send)
-        scope[PRINCIPAL_KEY] = principal_for(record)
+        scope[PRINCIPAL_KEY] = principal_for(record, presented)
         # the SDK's session ownership compares this: one token's MCP session is not another's, nor that of a
         # new token given the name of a revoked one (its hash, not its name, says which token it is)
         scope["user"] = AuthenticatedUser(AccessToken(

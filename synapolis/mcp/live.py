@@ -140,7 +140,7 @@ class LongLived:
                  env.get(identity.ENV_SESSION) or None, env.get(identity.ENV_TOKEN) or None)
         if (names[0] or names[3]) is None or (names[1] or names[4]) is None:
             return identity.resolve(ws, who, env=env, required=required, need_session=need_session, now=now)
-        key = (os.fspath(ws.paths.root), names, who.named_only, required, need_session,
+        key = (os.fspath(ws.paths.root), names, who.named_only, who.vouched, required, need_session,
                file_signature(ws.paths.identity))
         caller = self._callers.get(key)
         if caller is None:

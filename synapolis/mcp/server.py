@@ -16,12 +16,15 @@ from .errors import as_synapolis_error, error_result
 from .state import ServerState
 
 INSTRUCTIONS = (
-    "synapolis: coordination between parallel coding agents in one session. Call start_session once; "
-    "the identity it returns is remembered, else SYNAPOLIS_AGENT_ID/SYNAPOLIS_SESSION_ID/SYNAPOLIS_RUN_TOKEN "
-    "from the server's environment apply; any tool may name agent_id (+run_token, session_id) explicitly. "
+    "synapolis: coordination between parallel coding agents in one session. Call start_session once; later "
+    "calls act as the agent it made: over stdio for this server process (before it, SYNAPOLIS_AGENT_ID/"
+    "SYNAPOLIS_SESSION_ID/SYNAPOLIS_RUN_TOKEN of the server's environment apply); over HTTP for this MCP "
+    "session, or with no session (2026-07-28) for this bearer token and client; a token pinned to an agent is "
+    "that agent. Any tool may name agent_id (+run_token, session_id) explicitly; a wrong run_token is refused. "
     "Every result has pending_signals: signals delivered with this answer; handle them, then ack_signals. "
     "Answers are pages: pending_remaining > 0 means more wait (signals_pending delivers the next page). "
-    "A signal: id, sequence, timestamp, sender, recipient, type, content, lamport, read, delivered_at. "
+    "A signal: id, sequence, timestamp, sender, recipient, type, content, lamport, read, delivered_at; a sender "
+    "synapolis.person.NAME is a person (person: NAME). "
     "Errors read '<Type> (exit N): message'. Subscribe to synapolis://session/{session_id}/inbox/{agent_id} "
     "to be told when a signal arrives."
 )

@@ -7,8 +7,6 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,40 +24,41 @@ from ..store import store_for
 from ..workspace import Workspace
 from . import watch
 from .live import LongLived
+from .memory import IdentityMemory, Remembered, stateless_key
 
 log = logging.getLogger(__name__)
 
 MAX_KEPT = 16  # sessions whose database one server holds open (LongLived pools)
 
 
-@dataclass
-class Remembered:
-    """The identity start_session gave one client, for its later calls; `principal` is the token it came with."""
-
-    agent_id: str
-    session_id: str
-    run_token: str | None
-    principal: str | None = None
-
-
 class Principal:
     """Who is at the other end of a transport, as the transport proved it: a local stdio client (the harness
     that started this process), or an HTTP client by its token (name, the agent it is pinned to, read-only)."""
 
-    __slots__ = ("name", "agent_id", "read_only", "remote")
+    __slots__ = ("name", "agent_id", "read_only", "remote", "key", "secret")
 
     def __init__(self, name: str | None, agent_id: str | None = None, read_only: bool = False,
-                 remote: bool = True):
+                 remote: bool = True, key: str | None = None, secret: str | None = None):
         self.name, self.agent_id, self.read_only, self.remote = name, agent_id, read_only, remote
+        # key: the token's SHA-256 (which token, whatever its name); secret: the bearer token this request
+        # presented, held for the request only (it seals what a restarted server must remember, memory.seal)
+        self.key, self.secret = key, secret
+
+    def __repr__(self) -> str:  # never the secret
+        return f"Principal(name={self.name!r}, agent_id={self.agent_id!r}, read_only={self.read_only!r})"
 
     def acting_as(self, agent_id: str | None) -> str | None:
         """The agent a call naming `agent_id` acts as: a pinned token's own agent (or one of its sub-agents,
         `agent.name`, when the call names one); ForbiddenError for anyone else."""
         if self.agent_id is None:
             return agent_id
-        if agent_id is not None and agent_id != self.agent_id and not agent_id.startswith(self.agent_id + "."):
+        if agent_id is not None and not self.covers(agent_id):
             raise ForbiddenError(f"token {self.name} acts only as {self.agent_id}")
         return agent_id or self.agent_id
+
+    def covers(self, agent_id: str) -> bool:
+        """Whether this principal may act as `agent_id` (a pinned token: its agent and sub-agents only)."""
+        return self.agent_id is None or agent_id == self.agent_id or agent_id.startswith(self.agent_id + ".")
 
     def check_may_write(self) -> None:
         if self.read_only:
@@ -69,7 +68,6 @@ class Principal:
 LOCAL = Principal(None, remote=False)
 PRINCIPAL_KEY = "synapolis.principal"  # where the HTTP app's authentication leaves it, in the ASGI scope
 LOCAL_CLIENT = ("local",)
-MAX_REMEMBERED = 10_000  # HTTP sessions whose identity one server remembers (the SDK's own session limit)
 
 
 def principal_of(ctx) -> Principal:
@@ -91,7 +89,7 @@ class ServerState:
     def __init__(self, state_dir, env=None, *, force_polling: bool = False, fast: bool = True):
         self.root = Path(state_dir).absolute()
         self.env = dict(os.environ if env is None else env)
-        self.remembered: OrderedDict[Any, Remembered] = OrderedDict()  # client_key -> identity, newest last
+        self.memory = IdentityMemory()  # client key -> what start_session made it (memory_key)
         self.bus = InMemorySubscriptionBus()
         self.subscriptions = watch.Subscriptions()
         self.connections: dict[Any, Any] = {}  # legacy subscriber key -> ServerSession to notify
@@ -134,49 +132,47 @@ class ServerState:
             kept = self._kind = (ws, store_for(ws).kind == "sqlite")
         return kept[1]
 
-    # -- identity: per MCP session, never per server process ------------------------------------------
+    # -- identity: one rule per transport (docs/MCP.md, "Identity") ----------------------------------
     def _memory_key(self, ctx, principal: Principal):
-        """Under which key this client's remembered identity lives: its HTTP session in the handshake era (a
-        session is one client for its whole life); the server's one local client over stdio (one connection
-        per process), in either era; nothing for a remote client in the 2026-07-28 era, which has no
-        sessions: each call names its agent, or the token pins it."""
+        """Under which key this client's identity lives: over stdio (and in-process) the process's one client,
+        in either protocol era; over HTTP in the handshake era its MCP session (one client for its whole
+        life, owned by one token); over HTTP in the 2026-07-28 era, which has no sessions, what each request
+        carries: its bearer token and the client identity in its `_meta`, when it sends one."""
         key = client_key(ctx)
         if not principal.remote:
             return key
-        modern = ctx.request_context.protocol_version in MODERN_PROTOCOL_VERSIONS
-        return None if modern or key == LOCAL_CLIENT else key
+        request_context = getattr(ctx, "request_context", ctx)
+        if request_context.protocol_version not in MODERN_PROTOCOL_VERSIONS and key != LOCAL_CLIENT:
+            return key
+        return stateless_key(principal.key or principal.name or "", client_info(ctx))
 
     def recall(self, ctx, principal: Principal) -> Remembered | None:
-        """What start_session remembered for this client (made with this same token)."""
+        """What start_session made this client (with this same token)."""
         key = self._memory_key(ctx, principal)
-        mem = self.remembered.get(key) if key is not None else None
-        if mem is None or mem.principal != principal.name:
-            return None
-        self.remembered.move_to_end(key)
-        return mem
+        # only a stateless client's identity may be in the file (a restarted server's): no workspace otherwise
+        ws = self.workspace() if key[0] == "stateless" else None
+        return self.memory.recall(key, principal.key or principal.name, ws, principal.secret)
 
     def remember(self, ctx, result: dict) -> None:
         principal = principal_of(ctx)
         key = self._memory_key(ctx, principal)
-        if key is None:
-            return
-        self.remembered[key] = Remembered(result["agent_id"], result["session_id"], result.get("run_token"),
-                                          principal.name)
-        self.remembered.move_to_end(key)
-        while len(self.remembered) > MAX_REMEMBERED:  # sessions that ended without a DELETE (idle, gone)
-            self.remembered.popitem(last=False)
+        self.memory.remember(key, Remembered(result["agent_id"], result["session_id"], result.get("run_token"),
+                                             principal.key or principal.name),
+                             self.workspace() if principal.remote else None, principal.secret)
 
     def forget(self, key) -> None:
         """A client ended (an HTTP session's DELETE): its identity and subscriptions go with it."""
-        self.remembered.pop(key, None)
+        self.memory.forget(key)
         self.subscriptions.drop_holder(key)
         self.connections.pop(key, None)
 
     def who(self, ctx, agent_id=None, session_id=None, run_token=None, *, writes: bool = True):
-        """Who a tool call acts as. A pinned token fixes the agent (naming another is refused); explicit
-        arguments next; this client's remembered identity fills what they leave out (its run token only for
-        that agent in that session); a local caller then falls back to env and identity.json, a remote one
-        never does. A read-only token may not write and reads as nobody (a read as an agent refreshes it)."""
+        """Who a tool call acts as. A pinned token acts only as its agent and that agent's sub-agents, and
+        vouches for them (no run token needed; a wrong one presented is still refused). Explicit arguments
+        first; this client's remembered identity fills what they leave out (its run token only for that
+        agent in that session); a pinned token with nothing remembered is its own agent; a local caller then
+        falls back to env and identity.json, a remote one never does. A read-only token may not write and
+        reads as nobody (a read as an agent refreshes it)."""
         principal = principal_of(ctx)
         if principal.read_only:
             if writes:
@@ -184,13 +180,22 @@ class ServerState:
             if agent_id is not None or run_token is not None:
                 raise ForbiddenError(f"token {principal.name} is read-only: it reads as no agent")
             return Who(None, session_id, None, named_only=True)
-        agent_id = principal.acting_as(agent_id)
+        if agent_id is not None:
+            principal.acting_as(agent_id)  # a pinned token names only its agent and sub-agents
+        pinned = principal.agent_id is not None
         mem = self.recall(ctx, principal)
-        if mem is None or agent_id not in (None, mem.agent_id):
-            return Who(agent_id, session_id, run_token, named_only=principal.remote)
+        if mem is not None and (agent_id not in (None, mem.agent_id)
+                                or not principal.covers(mem.agent_id)):
+            mem = None
+        if mem is None:
+            agent = agent_id if agent_id is not None else principal.agent_id
+            return Who(agent, session_id, run_token, named_only=principal.remote, vouched=pinned)
         same_session = session_id in (None, mem.session_id)
-        return Who(mem.agent_id, session_id or mem.session_id,
-                   run_token or (mem.run_token if same_session else None), named_only=principal.remote)
+        # a vouched caller needs no remembered run token: the agent may since have been taken back (a
+        # restarted harness) under a new one, which the remembered one would now contradict
+        kept = None if pinned or not same_session else mem.run_token
+        return Who(mem.agent_id, session_id or mem.session_id, run_token or kept,
+                   named_only=principal.remote, vouched=pinned)
 
     def check_may_watch(self, ctx, uri: str) -> None:
         """May this client be told of changes to `uri`? An inbox's news (a signal arrived for that agent) is
@@ -319,6 +324,27 @@ class ServerState:
             for holder in list(self.connections):
                 self.subscriptions.drop_holder(holder)
             self.connections.clear()
+
+
+def client_info(ctx) -> dict | None:
+    """The client identity a request carries: `_meta`'s clientInfo in the 2026-07-28 era (each request
+    sends it), else the handshake's; None when there is none."""
+    from mcp_types import CLIENT_INFO_META_KEY
+
+    request_context = getattr(ctx, "request_context", ctx)
+    meta = getattr(request_context, "meta", None)
+    info = None
+    if meta is not None:
+        info = meta.get(CLIENT_INFO_META_KEY) if isinstance(meta, dict) else getattr(meta, "model_extra", {}).get(
+            CLIENT_INFO_META_KEY)
+    if info is None:
+        try:
+            params = request_context.session.client_params
+            info = params.client_info.model_dump(mode="json", exclude_none=True) if params and params.client_info \
+                else None
+        except (AttributeError, ValueError):
+            info = None
+    return info if isinstance(info, dict) else None
 
 
 def client_key(ctx) -> tuple:

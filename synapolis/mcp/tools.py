@@ -110,6 +110,13 @@ def _answer(result: dict) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(type="text", text=text)], structured_content=result)
 
 
+def _observed(ws, *, env=None, **kwargs) -> dict:
+    """observe.read_signals in `act`'s shape (a person's read: as nobody)."""
+    from .. import observe
+
+    return observe.read_signals(ws, **kwargs)
+
+
 def register_tools(server, state: ServerState) -> None:
     # readOnlyHint only where a call changes nothing: every tool acting as an agent refreshes its heartbeat
     # and may mark signals delivered (piggyback), the reads too when an identity resolves
@@ -155,8 +162,9 @@ def register_tools(server, state: ServerState) -> None:
             return await anyio.to_thread.run_sync(functools.partial(act, ws, fn, who, *args, **kwargs))
         return act(ws, fn, who, *args, **kwargs)
 
-    @server.tool(description="Join (or create) a session as an agent; remembers the identity for later calls. "
-                             "Returns agent_id, session_id, run_token.")
+    @server.tool(description="Join (or create) a session as an agent; returns agent_id, session_id, run_token. "
+                             "Later calls act as it: for this process (stdio), MCP session, or bearer token "
+                             "and client (HTTP without sessions).")
     async def start_session(session_id: SessionId = None, agent_id: AgentId = None,
                             harness_conversation_id: str | None = None, harness: str | None = None,
                             substrate: str | None = None, run_token: RunToken = None, new_session: bool = False,
@@ -169,7 +177,8 @@ def register_tools(server, state: ServerState) -> None:
         answer = await call(actions.start, None, slow=True, agent_id=agent_id, session_id=session_id,
                             harness=harness or env.get(actions.ENV_HARNESS) or _client_name(ctx) or "mcp",
                             substrate=substrate, conversation_id=harness_conversation_id, run_token=run_token,
-                            new_session=new_session, env=env, write_identity=not principal.remote)
+                            new_session=new_session, env=env, write_identity=not principal.remote,
+                            vouched=principal.agent_id is not None)
         state.remember(ctx, answer.structured_content)
         return answer
 
@@ -191,12 +200,16 @@ def register_tools(server, state: ServerState) -> None:
         who = state.who(ctx, agent_id, session_id, run_token)
         return await call(actions.signal, who, to, content, type=type, sender_id=sender_id, reply_to=reply_to)
 
-    @server.tool(description="A page of your signals, oldest first (unread only by default; limit default 200). "
-                             "Marks nothing read. remaining: how many more (up to 1000); next page: after=next_after.")
+    @server.tool(description="A page of your signals, oldest first (unread only by default), marking nothing read; "
+                             "next page: after=next_after. A read-only token reads agent_id's or the session's "
+                             "newest, as nobody.")
     async def read_signals(unread_only: bool = True, limit: Annotated[int | None, Field(gt=0)] = None,
                            after: Annotated[int | None, Field(ge=0)] = None,
                            agent_id: AgentId = None, session_id: SessionId = None,
                            run_token: RunToken = None, ctx: Context = None) -> SignalsResult:
+        if principal_of(ctx).read_only and run_token is None:  # a person: nothing delivered, nobody refreshed
+            return await call(_observed, None, session_id=session_id, agent_id=agent_id, unread_only=unread_only,
+                              limit=limit, after=after)
         who = state.who(ctx, agent_id, session_id, run_token)
         return await call(actions.read_signals, who, unread_only=unread_only, limit=limit, after=after)
 
@@ -218,8 +231,8 @@ def register_tools(server, state: ServerState) -> None:
     @server.tool(description="The session's notes: the newest `limit`, oldest first; older: before=next_before.")
     async def read_notes(session_id: SessionId = None, limit: Annotated[int, Field(gt=0)] = 50,
                          before: Annotated[int | None, Field(gt=0)] = None, agent_id: AgentId = None,
-                         ctx: Context = None) -> NotesResult:
-        who = state.who(ctx, agent_id, session_id, writes=False)
+                         run_token: RunToken = None, ctx: Context = None) -> NotesResult:
+        who = state.who(ctx, agent_id, session_id, run_token, writes=False)
         return await call(actions.read_notes, who, session_id=session_id, limit=limit, before=before)
 
     @server.tool(description="Append a note to the session's notes bus.")
@@ -229,9 +242,9 @@ def register_tools(server, state: ServerState) -> None:
         return await call(actions.note, who, text)
 
     @server.tool(description="The session's agents: status and effective (heartbeat) status.")
-    async def list_agents(session_id: SessionId = None, agent_id: AgentId = None,
+    async def list_agents(session_id: SessionId = None, agent_id: AgentId = None, run_token: RunToken = None,
                           ctx: Context = None) -> AgentsResult:
-        who = state.who(ctx, agent_id, session_id, writes=False)
+        who = state.who(ctx, agent_id, session_id, run_token, writes=False)
         return await call(actions.list_agents, who, session_id=session_id)
 
     @server.tool(description="Set a shared whiteboard entry.")
@@ -244,8 +257,8 @@ def register_tools(server, state: ServerState) -> None:
                              "({entries}, remaining; next page: after=next_after).")
     async def read_whiteboard(key: str | None = None, after: str | None = None,
                               limit: Annotated[int | None, Field(gt=0)] = None, session_id: SessionId = None,
-                              agent_id: AgentId = None, ctx: Context = None) -> _Result:
-        who = state.who(ctx, agent_id, session_id, writes=False)
+                              agent_id: AgentId = None, run_token: RunToken = None, ctx: Context = None) -> _Result:
+        who = state.who(ctx, agent_id, session_id, run_token, writes=False)
         return await call(actions.whiteboard_read, who, key, session_id=session_id, after=after, limit=limit)
 
     @server.tool(description="Done: go idle, stage memories (strings or {text,key,tags}); the last active "
@@ -275,8 +288,8 @@ def register_tools(server, state: ServerState) -> None:
     @server.tool(description="Fencing check: succeeds only while token is the live holder's token of item.",
                  annotations=ro)
     async def claim_check(item: str, token: int, agent_id: AgentId = None, session_id: SessionId = None,
-                          ctx: Context = None) -> _Result:
-        who = state.who(ctx, agent_id, session_id, writes=False)
+                          run_token: RunToken = None, ctx: Context = None) -> _Result:
+        who = state.who(ctx, agent_id, session_id, run_token, writes=False)
         return await call(actions.claim_check, who, item, token)
 
 
@@ -285,9 +298,15 @@ def register_resources(server, state: ServerState) -> None:
 
     @server.resource(watch.INBOX_TEMPLATE, name="inbox", mime_type="application/json",
                      description="A page of the agent's unread signals, as JSON: signals, remaining, next_after. "
-                                 "Only that agent may read it: reading marks them delivered (push).")
+                                 "Only that agent may take it: reading marks them delivered (push). A read-only "
+                                 "token reads it as nobody: nothing is marked.")
     async def inbox(session_id: str, agent_id: str, ctx: Context = None) -> str:
         def read():
+            if principal_of(ctx).read_only:  # a person looks; the agent's delivery stays its own
+                from .. import observe
+
+                found = observe.read_signals(state.workspace(), session_id=session_id, agent_id=agent_id)
+                return {k: found[k] for k in ("signals", "remaining", "next_after")}
             who = state.who(ctx)  # the caller's own identity: the URI names whose inbox, not who asks
             env = {} if who.named_only else state.env
             return actions.inbox(state.workspace(), who, session_id, agent_id, env=env, method="push")

@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .. import dashboard, overview
+from .. import dashboard, overview, people
 from ..errors import ForbiddenError, SynapolisError, UsageError
 from ..mcp.http import BearerGate, bearer, principal_for, session_manager
 from ..mcp.server import create_server
@@ -99,7 +99,10 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
         record, token, _ = who
         data = await anyio.to_thread.run_sync(collect)
         data["me"] = {"token": record["name"], "agent_id": record.get("agent_id"),
-                      "read_only": bool(record.get("read_only")), "csrf": csrf_for(token)}
+                      "read_only": bool(record.get("read_only")), "csrf": csrf_for(token),
+                      # who the page posts as: the pinned agent, else this token's person (people.py)
+                      "posts_as": None if record.get("read_only") else
+                      record.get("agent_id") or people.person_id(record["name"])}
         data["changes"] = state.changes
         return JSONResponse(data, headers={"cache-control": "no-store"})
 
@@ -178,13 +181,17 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
         if from_cookie:  # a browser: the page's CSRF token, and no other site's origin
             if not hmac.compare_digest(str(form.get("csrf") or ""), csrf_for(token)) or _cross_site(request):
                 return _cross_site_refused()
-        principal = principal_for(record)
+        principal = principal_for(record, token)
 
         def post():
             principal.check_may_write()
-            agent_id = principal.acting_as(_field(form, "agent_id") or None)
-            if agent_id is None:
-                raise UsageError("name the agent to post as (this token is not pinned to one)")
+            # a person posts as a person, never "as" an agent they name: a pinned token posts as its agent, and
+            # an agent_id the form still sends must be that one (ForbiddenError otherwise)
+            named = _field(form, "agent_id") or None
+            if named is not None and (principal.agent_id is None or named != principal.agent_id):
+                raise ForbiddenError(f"token {principal.name} posts as "
+                                     + (f"agent {principal.agent_id}" if principal.agent_id else "a person")
+                                     + f", not as {named}")
             session_id = _field(form, "session_id")
             if not session_id:
                 raise UsageError("pick a session")
@@ -192,9 +199,9 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
             if kind not in ("note", "signal"):  # a typo must not post the form's text as a note
                 raise UsageError(f"kind must be note or signal, not {kind!r}")
             if kind == "signal":
-                return poster.post(token, agent_id, session_id, to=_field(form, "to"),
+                return poster.post(principal.name, principal.agent_id, session_id, to=_field(form, "to"),
                                    content=_field(form, "content"), type=_field(form, "type") or "inform")
-            return poster.post(token, agent_id, session_id, note=_field(form, "text"))
+            return poster.post(principal.name, principal.agent_id, session_id, note=_field(form, "text"))
 
         return JSONResponse(await anyio.to_thread.run_sync(post))
 
