@@ -86,6 +86,11 @@ def run(state_dir, *, host: str, port: int, certfile=None, keyfile=None, loopbac
     from .app import create_app
 
     check_can_listen(host, port, certfile, keyfile)
+    from ..store import store_url
+    from ..workspace import Workspace
+
+    # a SYNAPOLIS_STORE_URL that does not parse: one line and exit 2 now, not a traceback from the app's start
+    store_url(Workspace.open(state_dir))
     tls = certfile is not None
     http, uvloop = http_stack()
     app = create_app(state_dir, loopback=loopback, secure=tls, force_polling=force_polling, host=host)
