@@ -231,3 +231,21 @@ def test_every_url_libpq_reads_as_written_still_parses(url):
     assert shown.startswith("postgresql://") and "(a URL that does not parse)" not in shown
     if parts["password"]:
         assert parts["password"] not in shown and "%40cr" not in shown
+
+
+@pytest.mark.postgres
+def test_the_dashboard_a_browser_renders_never_shows_the_password(shapes, served, browser):
+    """The page as headless Chromium renders it (its DOM, after it fetched its data) with the store broken in
+    each way: signed in first while the store is fine, then the URL changed under it."""
+    token = served.token("ops")
+    page = browser.new_page()
+    page.goto(served.url + "/")
+    page.fill("#token", token)
+    page.click("button[type=submit]")
+    page.wait_for_selector("#live:text-is('live')", timeout=10_000)
+    for shape in ("at-in-password", "unclosed-ipv6", "wrong-password"):
+        set_store(served.state_dir, shapes[shape])
+        with page.expect_response(lambda r: r.url.endswith("/api/dashboard"), timeout=30_000):
+            page.reload()
+        page.wait_for_timeout(300)  # the page renders what it fetched
+        hidden(page.content(), f"the dashboard's page ({shape})")
