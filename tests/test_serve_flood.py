@@ -152,3 +152,31 @@ def test_a_flood_of_idle_and_half_sent_connections_starves_nobody(state_dir, cli
     assert "Too many open files" not in log and "Traceback" not in log, log
     assert f"at most {limits.connection_cap(SERVER_NOFILE)} connections" in log
     assert log.count("connections open, the most this process keeps") == 1, log  # said once
+
+
+def test_endless_headers_are_cut_and_a_slow_honest_request_is_served(served):
+    """A head past HEAD_BYTES_MAX is answered 431 and closed (it never finishes, so it is never parsed
+    whole); a request sent slowly, in pieces over a few seconds but well within REQUEST_S, is answered."""
+    port = int(served.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        answer = b""
+        try:
+            for _ in range(2 * limits.HEAD_BYTES_MAX // 1024):
+                sock.sendall(b"X-Pad: " + b"a" * 1016 + b"\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # closed under the sender: as good
+        try:
+            while chunk := sock.recv(4096):
+                answer += chunk
+        except ConnectionResetError:
+            pass
+        assert answer.startswith(b"HTTP/1.1 431") or answer == b"", answer[:200]
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        for piece in (b"GET /healthz HTTP/1.1\r\n", b"Host: x\r\n", b"Connection: close\r\n", b"\r\n"):
+            sock.sendall(piece)
+            time.sleep(0.8)
+        answer = b""
+        while chunk := sock.recv(4096):
+            answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:200]

@@ -62,8 +62,9 @@ class Bounded:
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
-        if not self.waits_on_client():
-            self._head_bytes = 0
+        cycle = self.cycle
+        if not (cycle is None or (cycle.response_complete and not cycle.more_body)):
+            self._head_bytes = 0  # a head is complete: what comes is its body (or an answered one's rest)
             return
         # what arrived and still did not complete a request's head: a client sending headers without end
         self._head_bytes += len(data)
