@@ -799,3 +799,13 @@ def browser(tmp_path):
             yield context
         finally:
             context.close()
+
+
+def dashboard_page(browser, served, token: str):
+    """A page of `browser` signed in to `served`'s dashboard with `token`, its event stream live."""
+    page = browser.new_page()
+    page.goto(served.url + "/")
+    page.fill("#token", token)
+    page.click("button[type=submit]")
+    page.wait_for_selector("#live:text-is('live')", timeout=10_000)
+    return page

@@ -18,7 +18,7 @@ import urllib.request
 import anyio
 import pytest
 
-from conftest import clean_env, mcp_http_client, start_server, synapolis_cmd
+from conftest import clean_env, dashboard_page, mcp_http_client, start_server, synapolis_cmd
 
 A, B = "Kx7Qp2vN", "Zr9Wm4tL"  # the password's two halves
 MALFORMED = ("at-in-password", "slash-in-password", "space-in-password", "bad-percent-escape", "unclosed-ipv6")
@@ -237,12 +237,7 @@ def test_every_url_libpq_reads_as_written_still_parses(url):
 def test_the_dashboard_a_browser_renders_never_shows_the_password(shapes, served, browser):
     """The page as headless Chromium renders it (its DOM, after it fetched its data) with the store broken in
     each way: signed in first while the store is fine, then the URL changed under it."""
-    token = served.token("ops")
-    page = browser.new_page()
-    page.goto(served.url + "/")
-    page.fill("#token", token)
-    page.click("button[type=submit]")
-    page.wait_for_selector("#live:text-is('live')", timeout=10_000)
+    page = dashboard_page(browser, served, served.token("ops"))
     for shape in ("at-in-password", "unclosed-ipv6", "wrong-password"):
         set_store(served.state_dir, shapes[shape])
         with page.expect_response(lambda r: r.url.endswith("/api/dashboard"), timeout=30_000):
