@@ -20,8 +20,6 @@ _HOST = re.compile(r"[A-Za-z0-9._~%-]*")  # a name, an IPv4 address, or a %-esca
 _IPV6 = re.compile(r"[0-9A-Fa-f:.]+(%25[A-Za-z0-9._~-]+)?")  # the inside of [...]: an address, %25 and a zone
 _PORT = re.compile(r"[0-9]*")
 _KEY = re.compile(r"[a-z_]+")
-# the query keys that name where the store is: libpq lets them override the URL's own parts
-_SHOWN_KEYS = ("user", "host", "hostaddr", "port", "dbname")
 
 
 class BadURL(ValueError):
