@@ -48,6 +48,11 @@ class Bounded:
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
+        if getattr(self.server_state, "synapolis_stopping", False):
+            # accepted before the server stopped listening, made after it closed the idle ones: nobody
+            # would close it, and the stop would wait for it
+            transport.close()
+            return
         opened = _opened(self.server_state)
         opened[self] = None
         if len(opened) > self.cap:

@@ -97,6 +97,7 @@ def run(state_dir, *, host: str, port: int, certfile=None, keyfile=None, loopbac
             self.team_app = app
 
         async def shutdown(self, sockets=None):
+            self.server_state.synapolis_stopping = True  # web/limits.py: a connection made from now is closed
             self.team_app.closing()
             await super().shutdown(sockets)
 
