@@ -180,3 +180,25 @@ def test_endless_headers_are_cut_and_a_slow_honest_request_is_served(served):
         while chunk := sock.recv(4096):
             answer += chunk
         assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+
+
+def test_a_repeated_log_line_is_said_once_a_minute():
+    """The rule on the flood's loggers: 1,000 failed accepts (asyncio names a different socket after the first
+    line each time, with a traceback) give one record; another message, or the same a minute later, gets
+    through."""
+    import logging
+
+    once = limits.OncePerMinute()
+
+    def record(msg, exc=None):
+        return logging.LogRecord("asyncio", logging.ERROR, __file__, 1, msg, None,
+                                 (type(exc), exc, None) if exc else None)
+
+    too_many = OSError(errno.EMFILE, "Too many open files")
+    passed = [once.filter(record(f"socket.accept() out of system resource\nsocket: <fd={n}>", too_many))
+              for n in range(1000)]
+    assert passed.count(True) == 1 and passed[0]
+    assert once.filter(record("Exception in callback Something.else"))
+    key = next(iter(once.last))
+    once.last[key] -= limits.LOG_EVERY_S  # a minute on, as the clock would have it
+    assert once.filter(record("socket.accept() out of system resource\nsocket: <fd=7>", too_many))
