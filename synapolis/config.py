@@ -12,8 +12,20 @@ STORE_RULE = '"sqlite" or a postgresql:// URL'  # what `store` (and SYNAPOLIS_ST
 
 
 def is_store_url(value) -> bool:
-    """Whether `value` names a store synapolis has: "sqlite", or a PostgreSQL URL."""
+    """Whether `value` names a store synapolis has: "sqlite", or a PostgreSQL URL (by its scheme; whether
+    the rest parses is store_url_problem's question)."""
     return isinstance(value, str) and (value == "sqlite" or value.startswith(POSTGRES_SCHEMES))
+
+
+def store_url_problem(url: str) -> str | None:
+    """Why a postgresql:// URL does not parse, as a sentence that quotes none of it (it may hold a password:
+    pgurl.py), or None. Checked where the URL is read, so nothing past that point ever meets one that did
+    not parse and echoes it (libpq's own errors quote the text they refuse)."""
+    from .pgurl import problem
+
+    reason = problem(url)
+    return None if reason is None else (f"the postgresql:// URL does not parse: {reason}; nothing of it is "
+                                        "shown, since it may hold a password")
 
 
 DEFAULTS: dict = {
@@ -85,6 +97,10 @@ def check_config(document) -> list[str]:
     if "store" in document:
         if not is_store_url(document["store"]):
             problems.append(f"store must be {STORE_RULE}")
+        elif document["store"] != "sqlite":
+            reason = store_url_problem(document["store"].strip())
+            if reason:
+                problems.append(f"store: {reason}")
     if "notify" in document:
         problems.extend(check_targets(document["notify"]))
     esc = document.get("escalation", {})
@@ -154,6 +170,12 @@ class Config:
         self.values = defaults() if values is None else values
 
     def __repr__(self) -> str:
+        # never the store URL as written: it may hold a password (a repr lands in logs and tracebacks)
+        store = self.values.get("store")
+        if isinstance(store, str) and store != "sqlite":
+            from .pgurl import describe
+
+            return f"Config(values={ {**self.values, 'store': describe(store)}!r})"
         return f"Config(values={self.values!r})"
 
     def __eq__(self, other) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -404,15 +405,17 @@ class Served:
         return json.loads(made.stdout)["token"]
 
 
-def start_server(state_dir, *args, timeout=30, env=None):
+def start_server(state_dir, *args, timeout=30, env=None, preexec_fn=None):
     """Start `synapolis serve --port 0 ARGS` on `state_dir`; (process, base URL) once it listens.
-    Everything it says on stderr collects in `process.said` (drained, so it never blocks on a full pipe)."""
+    Everything it says on stderr collects in `process.said` (drained, so it never blocks on a full pipe).
+    `preexec_fn`: run in the child before it starts (e.g. to lower its open-file limit)."""
     import re
     import threading
     import time
 
     cmd = synapolis_cmd(state_dir, "serve", "--port", "0", *args)
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=clean_env(env))
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=clean_env(env),
+                            preexec_fn=preexec_fn)
     deadline = time.monotonic() + timeout
     seen = []
     while time.monotonic() < deadline:
@@ -844,3 +847,51 @@ def receiver():
     server = Receiver()
     yield server
     server.close()
+
+
+# -- a real browser (headless Chromium through Playwright) ---------------------------------------------
+# what the brief for a test browser asks: nothing in the background, nothing from the network but the page
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def _chromium() -> str | None:
+    found = os.environ.get("SYNAPOLIS_TEST_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    return found if found and os.path.exists(found) else None
+
+
+def _need(what: str, ok: bool):
+    if not ok:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{what} is missing in CI (.ci/setup.d/40-chromium.sh and the test extra install it)")
+        pytest.skip(f"{what} is not installed here (CI installs it)")
+
+
+@pytest.fixture
+def browser(tmp_path):
+    """A fresh headless Chromium profile (its own --user-data-dir); yields the Playwright context."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        sync_playwright = None
+    _need("the playwright package", sync_playwright is not None)
+    chromium = _chromium()
+    _need("chromium", chromium is not None)
+    with sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=chromium, headless=True, args=CHROMIUM_FLAGS,
+            viewport={"width": 1280, "height": 800})
+        try:
+            yield context
+        finally:
+            context.close()
+
+
+def dashboard_page(browser, served, token: str):
+    """A page of `browser` signed in to `served`'s dashboard with `token`, its event stream live."""
+    page = browser.new_page()
+    page.goto(served.url + "/")
+    page.fill("#token", token)
+    page.click("button[type=submit]")
+    page.wait_for_selector("#live:text-is('live')", timeout=10_000)
+    return page

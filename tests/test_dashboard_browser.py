@@ -6,8 +6,6 @@ at a phone's width, signs in with a token into an HttpOnly SameSite=Strict cooki
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
 
 import pytest
@@ -15,41 +13,6 @@ import pytest
 pytest.importorskip("mcp")
 
 LIVE_S = 2.0
-# what the brief for a test browser asks: nothing in the background, nothing from the network but the page
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-def _chromium() -> str | None:
-    found = os.environ.get("SYNAPOLIS_TEST_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-    return found if found and os.path.exists(found) else None
-
-
-def _need(what: str, ok: bool):
-    if not ok:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{what} is missing in CI (.ci/setup.d/40-chromium.sh and the test extra install it)")
-        pytest.skip(f"{what} is not installed here (CI installs it)")
-
-
-@pytest.fixture
-def browser(tmp_path):
-    """A fresh headless Chromium profile (its own --user-data-dir); yields the Playwright context."""
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        sync_playwright = None
-    _need("the playwright package", sync_playwright is not None)
-    chromium = _chromium()
-    _need("chromium", chromium is not None)
-    with sync_playwright() as pw:
-        context = pw.chromium.launch_persistent_context(
-            str(tmp_path / "profile"), executable_path=chromium, headless=True, args=CHROMIUM_FLAGS,
-            viewport={"width": 1280, "height": 800})
-        try:
-            yield context
-        finally:
-            context.close()
 
 
 def test_dashboard_in_chromium(served, cli, browser, tmp_path):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from datetime import datetime, timezone
 
-from ..config import POSTGRES_SCHEMES, STORE_RULE, is_store_url
+from ..config import POSTGRES_SCHEMES, STORE_RULE, is_store_url, store_url_problem
 from ..errors import UsageError
 
 from .base import SessionStore as SessionStoreBase, Store, Transaction  # noqa: F401
@@ -40,6 +40,10 @@ def store_url(ws, env=None) -> str:
         scheme = named.partition("://")[0] if "://" in named else ""
         raise UsageError(f"{ENV_STORE_URL} must be {STORE_RULE}"
                          + (f", not a {scheme[:20]!r} URL" if scheme.isalnum() else ""))
+    if named and named != "sqlite":
+        reason = store_url_problem(named)
+        if reason:  # the config's `store` was checked when it loaded (check_config)
+            raise UsageError(f"{ENV_STORE_URL}: {reason}")
     url = named or ws.config.values.get("store") or "sqlite"
     return url.strip() if isinstance(url, str) else "sqlite"
 

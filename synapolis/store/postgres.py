@@ -336,15 +336,33 @@ def require_driver() -> None:
 
 
 def describe_url(url: str) -> str:
-    """The URL without its password: `postgresql://user@host:port/dbname` (what messages name)."""
-    try:
-        parts = conninfo_to_dict(url)
-    except Exception:  # noqa: BLE001 - a URL libpq cannot parse is named by its scheme only
-        return "postgresql://(unparsable URL)"
-    user = parts.get("user")
-    host = parts.get("host") or parts.get("hostaddr") or "localhost"
-    port = parts.get("port") or "5432"
-    return f"postgresql://{user + '@' if user else ''}{host}:{port}/{parts.get('dbname') or ''}"
+    """The URL without its password, rebuilt from its parsed parts: `postgresql://user@host:port/dbname` (what
+    messages name); one that does not parse is named as such and nothing of it shown (pgurl.py)."""
+    from ..pgurl import describe
+
+    return describe(url)
+
+
+def split_password(url: str) -> tuple[str, str | None]:
+    """(a libpq conninfo without the password, the password or None): connections are made from the two, so
+    nothing that holds or logs a conninfo (psycopg-pool's warnings, a connection's repr) ever carries the
+    password. UsageError, quoting nothing of the URL, when it does not parse (pgurl.py's strict reading, then
+    libpq's own, whose errors quote the text they refuse)."""
+    from psycopg.conninfo import make_conninfo
+
+    from ..pgurl import problem
+
+    reason = problem(url)
+    if reason is None:
+        try:
+            parts = conninfo_to_dict(url)
+        except Exception:  # noqa: BLE001 - libpq's message quotes the URL: never shown
+            reason = "libpq does not accept it (an unknown query parameter, or a value it refuses)"
+    if reason is not None:
+        raise UsageError(f"the store URL does not parse: {reason}; nothing of it is shown, since it may hold "
+                         "a password")
+    password = parts.pop("password", None)
+    return make_conninfo(**parts), password
 
 
 def _cause(exc: BaseException) -> str:
@@ -858,6 +876,8 @@ class PostgresStore(base.Store):
         require_driver()
         self.ws = ws
         self.url = url
+        # every connection is made from these two, never from the URL (split_password says why)
+        self.conninfo, self._password = split_password(url)
         self.pooled = pooled  # a long-lived process: a pool of connections (store.keep_connections)
         self._pool = None
         self.where = describe_url(url)
@@ -872,20 +892,17 @@ class PostgresStore(base.Store):
     # -- connections and errors --------------------------------------------------------------------
     def _connect_options(self) -> dict:
         timeout = self.busy_timeout_ms
-        return {"autocommit": True, "row_factory": dict_row, "connect_timeout": CONNECT_TIMEOUT_S,
+        secret = {} if self._password is None else {"password": self._password}
+        return {**secret, "autocommit": True, "row_factory": dict_row, "connect_timeout": CONNECT_TIMEOUT_S,
                 "application_name": "synapolis", "client_encoding": "UTF8",
                 "options": f"-c lock_timeout={timeout} -c statement_timeout={timeout} "
                            "-c idle_in_transaction_session_timeout=60000 -c TimeZone=UTC"}
 
     def _connect(self):
         try:
-            conn = psycopg.connect(self.url, **self._connect_options())
+            conn = psycopg.connect(self.conninfo, **self._connect_options())
         except psycopg.Error as exc:
             raise self._unreachable(exc) from None
-        except UsageError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - e.g. a URL libpq cannot parse
-            raise UsageError(f"store {self.where}: {self._scrub(str(exc))}") from None
         try:
             self._ensure_schema(conn)
         except BaseException:
@@ -894,10 +911,9 @@ class PostgresStore(base.Store):
         return conn
 
     def _scrub(self, text: str) -> str:
-        try:
-            password = conninfo_to_dict(self.url).get("password")
-        except Exception:  # noqa: BLE001
-            password = None
+        """libpq's message without the password, should it ever quote it (it does not: the password never
+        rides in the conninfo it is given with the other parts; this is the second line of defence)."""
+        password = self._password
         return text.replace(password, "***") if password else text
 
     def _unreachable(self, exc) -> BusyError:
@@ -938,7 +954,7 @@ class PostgresStore(base.Store):
         requests) no longer wait for each other's transactions."""
         from psycopg_pool import ConnectionPool
 
-        pool = ConnectionPool(self.url, min_size=1, max_size=POOL_MAX, kwargs=self._connect_options(),
+        pool = ConnectionPool(self.conninfo, min_size=1, max_size=POOL_MAX, kwargs=self._connect_options(),
                               configure=self._ensure_schema, open=False, name="synapolis",
                               # a failed attempt is given up at once and the next call asking for a
                               # connection tries again: a backoff could leave a server that came back
@@ -959,6 +975,11 @@ class PostgresStore(base.Store):
         with self._lock:
             if self._pool is None:
                 self._pool = self._open_pool()
+        if self._pool.get_stats().get("pool_size", 1) == 0:
+            # no connection and none being made: the last attempt failed (reconnect_timeout=0). Waiting for the
+            # pool would only time out after CONNECT_TIMEOUT_S, for every part of every request of a server whose
+            # store is away; a connection of our own names the cause at once (and the pool grows when it works)
+            self._connect().close()
         try:
             ctx = self._pool.connection(timeout=CONNECT_TIMEOUT_S)
             conn = ctx.__enter__()
@@ -1341,8 +1362,9 @@ class PostgresStore(base.Store):
         def run():
             while not stop.is_set():
                 try:
-                    conn = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
-                                           application_name="synapolis-listen")
+                    conn = psycopg.connect(self.conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
+                                           application_name="synapolis-listen",
+                                           **({} if self._password is None else {"password": self._password}))
                 except Exception:  # noqa: BLE001 - unreachable: try again shortly
                     stop.wait(retry_s)
                     continue

@@ -25,13 +25,14 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Route
 
 from .. import dashboard, overview, people
-from ..errors import ForbiddenError, SynapolisError, UsageError
+from ..errors import BusyError, ForbiddenError, SynapolisError, UsageError
 from ..mcp.http import BearerGate, bearer, principal_for, session_manager
 from ..mcp.server import create_server
 from ..tokens import TokenBook, digest
 
 COOKIE = "synapolis_token"
 KEEPALIVE_S = 15.0
+EVENT_STREAMS_MAX = 64  # open dashboards (event streams) at once; each holds a connection for as long as it is open
 _HTTP_STATUS = {1: 500, 2: 400, 3: 409, 4: 400, 5: 429, 6: 404, 7: 403, 8: 503}
 FORM_TYPE = "application/x-www-form-urlencoded"  # what the login form and the page's posts send
 LOGIN_BODY_MAX = 16 * 1024  # a sign-in carries one token (~50 characters)
@@ -62,6 +63,8 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
     manager = session_manager(server, loopback=loopback, host=host)  # host: the address served
     poster = dashboard.Poster(state.workspace)
     csrf_key = secrets.token_bytes(32)
+    # the server is stopping (TeamApp.closing): made in the lifespan, an anyio Event needs the running loop
+    stopping: dict = {"event": None, "streams": 0}
 
     def signed_in(request: Request):
         """(token record, token, from the cookie?) for a valid bearer header or sign-in cookie, else None."""
@@ -151,20 +154,31 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
             # keep-alive client's next request on the connection was never answered
             return Response(media_type="text/event-stream", headers=headers)
 
+        if stopping["streams"] >= EVENT_STREAMS_MAX:
+            return JSONResponse(BusyError(f"{EVENT_STREAMS_MAX} event streams are open, the most this server "
+                                          "keeps; try again later").to_json(), status_code=503,
+                                headers={"retry-after": "30"})
+
         async def stream():
-            seen = state.changes
-            yield f"event: hello\ndata: {seen}\n\n"
-            while True:
-                now = await state.next_change(seen, KEEPALIVE_S)
-                if await request.is_disconnected():
-                    return
-                if book.verify(token) is None:  # revoked while the page was open: the stream ends with it
-                    return
-                if now == seen:
-                    yield ": keepalive\n\n"
-                else:
-                    seen = now
-                    yield f"event: change\ndata: {seen}\n\n"
+            stopping["streams"] += 1
+            try:
+                seen = state.changes
+                yield f"event: hello\ndata: {seen}\n\n"
+                while True:
+                    now = await _next_change_or_stop(state, seen, stopping["event"])
+                    if now is None:  # the server is stopping: the stream ends, and the page reconnects later
+                        return
+                    if await request.is_disconnected():
+                        return
+                    if book.verify(token) is None:  # revoked while the page was open: the stream ends with it
+                        return
+                    if now == seen:
+                        yield ": keepalive\n\n"
+                    else:
+                        seen = now
+                        yield f"event: change\ndata: {seen}\n\n"
+            finally:
+                stopping["streams"] -= 1
 
         return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
 
@@ -235,6 +249,7 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
 
     @asynccontextmanager
     async def lifespan(_app):
+        stopping["event"] = anyio.Event()
         async with manager.run():
             await state.start_change_feed()
             yield
@@ -259,7 +274,30 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={SynapolisError: lambda _request, exc: _error(exc)})
     app.state.synapolis = state
-    return TeamApp(app, mcp)
+    team = TeamApp(app, mcp)
+    team.closing = lambda: stopping["event"] is not None and stopping["event"].set()
+    return team
+
+
+async def _next_change_or_stop(state, seen: int, stop) -> int | None:
+    """state.next_change(seen, KEEPALIVE_S), or None as soon as `stop` (an anyio Event) is set."""
+    if stop is None:
+        return await state.next_change(seen, KEEPALIVE_S)
+    if stop.is_set():
+        return None
+    found = []
+    async with anyio.create_task_group() as tg:
+        async def change():
+            found.append(await state.next_change(seen, KEEPALIVE_S))
+            tg.cancel_scope.cancel()
+
+        async def stopped():
+            await stop.wait()
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(change)
+        tg.start_soon(stopped)
+    return found[0] if found else None
 
 
 class TeamApp:
@@ -271,6 +309,7 @@ class TeamApp:
     def __init__(self, app: Starlette, mcp):
         self.app = app
         self.mcp = mcp
+        self.closing = lambda: None  # create_app's: ends the event streams when the server stops
         self.state = app.state  # what create_app's callers read (`app.state.synapolis`)
 
     async def __call__(self, scope, receive, send):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 PLAIN_ENV = "SYNAPOLIS_SERVE_PLAIN"  # "1": h11 and asyncio even where httptools and uvloop are installed
@@ -83,25 +84,61 @@ def run(state_dir, *, host: str, port: int, certfile=None, keyfile=None, loopbac
     import uvicorn
 
     from ..errors import UsageError
+    from . import limits
     from .app import create_app
 
+    class Server(uvicorn.Server):
+        """Uvicorn's server, which tells the app it is stopping before it waits for the requests in flight:
+        uvicorn waits up to timeout_graceful_shutdown for them, then cancels what is left (a traceback
+        each), and an open event stream (a dashboard) never ends by itself. Told, the streams end at once."""
+
+        def __init__(self, config, app):
+            super().__init__(config)
+            self.team_app = app
+
+        async def shutdown(self, sockets=None):
+            self.server_state.synapolis_stopping = True  # web/limits.py: a connection made from now is closed
+            self.team_app.closing()
+            await super().shutdown(sockets)
+
     check_can_listen(host, port, certfile, keyfile)
+    from ..store import store_url
+    from ..workspace import Workspace
+
+    # a SYNAPOLIS_STORE_URL that does not parse: one line and exit 2 now, not a traceback from the app's start
+    store_url(Workspace.open(state_dir))
     tls = certfile is not None
     http, uvloop = http_stack()
     app = create_app(state_dir, loopback=loopback, secure=tls, force_polling=force_polling, host=host)
-    # no access log: nothing reads it, and formatting a line per request costs every call
-    config = uvicorn.Config(app, host=host, port=port, ssl_certfile=certfile, ssl_keyfile=keyfile, http=http,
-                            log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=2)
-    server = uvicorn.Server(config)
+    cap = limits.connection_cap()
+    # no access log: nothing reads it, and formatting a line per request costs every call. The bounds of
+    # web/limits.py: uvicorn's keep-alive for idle connections, our protocol class for the rest; no
+    # limit_concurrency (it answers 503 but closes nothing; the protocol's cap closes); no WebSocket upgrade
+    # (nothing here speaks it, and an upgraded connection would leave the protocol's count)
+    config = uvicorn.Config(app, host=host, port=port, ssl_certfile=certfile, ssl_keyfile=keyfile,
+                            http=limits.protocol_class(http, cap), ws="none", log_level="warning",
+                            access_log=False, lifespan="on", timeout_graceful_shutdown=2,
+                            timeout_keep_alive=limits.KEEP_ALIVE_S, backlog=limits.BACKLOG,
+                            h11_max_incomplete_event_size=limits.HEAD_BYTES_MAX)
+    limits.quiet_floods()  # after uvicorn.Config, which sets its loggers up
+    server = Server(config, app)
     settle_garbage_collector()
 
     failed = []
 
     async def serve():
+        # uvicorn catches SIGINT and SIGTERM while it serves, then raises the one it caught again with the
+        # handler found before it: the default one would kill the process by SIGTERM after a clean stop (exit
+        # 143), so the handlers it finds ignore them, and the defaults come back once it is done
+        stops = (signal.SIGINT, signal.SIGTERM)
+        before = {number: signal.signal(number, signal.SIG_IGN) for number in stops}
         try:
             await server.serve()
         except SystemExit:  # uvicorn could not start after all (it logged why): taken between check and bind
             failed.append(True)
+        finally:
+            for number, handler in before.items():
+                signal.signal(number, handler)
 
     async def main():
         async with anyio.create_task_group() as tg:
@@ -114,7 +151,7 @@ def run(state_dir, *, host: str, port: int, certfile=None, keyfile=None, loopbac
             shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
             # the port actually taken (--port 0), for people and for scripts that start a server
             print(f"synapolis serve: listening on {'https' if tls else 'http'}://{shown}:{bound[1]} "
-                  f"(MCP at /mcp, dashboard at /; {http}{', uvloop' if uvloop else ''})", file=sys.stderr, flush=True)
+                  f"(MCP at /mcp, dashboard at /; {http}{', uvloop' if uvloop else ''}; at most {cap} connections)", file=sys.stderr, flush=True)
 
     anyio.run(main, backend_options={"use_uvloop": uvloop})
     if failed:
