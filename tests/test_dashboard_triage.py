@@ -21,7 +21,6 @@ import pytest
 
 from conftest import ROOT, stop
 from synapolis.timeutil import format_ts, utcnow
-from test_dashboard_browser import browser  # noqa: F401 - the fixture: a fresh headless Chromium profile
 
 pytest.importorskip("mcp")
 
@@ -71,7 +70,7 @@ def keep(shot: Path, name: str) -> None:
         shutil.copyfile(shot, target / name)
 
 
-def test_the_dashboard_for_triage(served, cli, browser, tmp_path, state_dir):  # noqa: F811
+def test_the_dashboard_for_triage(served, cli, browser, tmp_path, state_dir):
     session = swarm(cli, state_dir)
     token = served.token("ops", "--agent", "ops")
     shots = tmp_path / "screenshots"
