@@ -17,7 +17,7 @@ from conftest import ago, configure, store_rows  # noqa: E402
 from synapolis import actions, people  # noqa: E402
 from synapolis.identity import Who  # noqa: E402
 from synapolis.workspace import Workspace  # noqa: E402
-from test_dashboard_browser import LIVE_S, browser  # noqa: E402,F401  (the Chromium fixture)
+from test_dashboard_browser import LIVE_S  # noqa: E402
 
 
 def agents_and_beats(state_dir, cli, session) -> tuple:
@@ -109,7 +109,7 @@ def test_a_persons_note_and_signal_on_either_store(ws):
     assert people.person_id("a..b").startswith("synapolis.person.token-")  # a token name that is no id
 
 
-def test_the_page_posts_as_a_person_in_chromium(served, cli, browser):  # noqa: F811
+def test_the_page_posts_as_a_person_in_chromium(served, cli, browser):
     session = dead_agent(cli, served.state_dir)
     token = served.token("ops")
     before = agents_and_beats(served.state_dir, cli, session)
