@@ -341,6 +341,19 @@ class Store(abc.ABC):
 
         return file_documents(self.ws)
 
+    def path_claim_candidates(self, prefixes, under: str | None = None) -> list[str]:
+        """The path claims that may be held whose index prefix (claim_index.index_prefix) is in `prefixes` or
+        lies under `under`, without locking. SQLite: the index file."""
+        from ..claim_index import file_candidates
+
+        return file_candidates(self.ws, prefixes, under)
+
+    def claim_records(self, items) -> dict:
+        """{item: record} of these items, read afresh (missing and unreadable ones left out)."""
+        from ..claim_index import file_records
+
+        return file_records(self.ws, items)
+
     # -- escalation incidents (contract §6) ------------------------------------------------------------
     def escalation_book(self):
         """`with store.escalation_book() as book:` the incidents, held exclusively (one writer at a time
