@@ -562,24 +562,40 @@ def claim(ws, item: str | None = None, agent_id: str | None = None, session_id: 
     ws.ensure()
     started = time.monotonic()
     delay, retried = 0.05, False
-    while True:
-        # a given `now` is exact for the first attempt; the retries of a wait move on from it
-        elapsed = time.monotonic() - started if retried else 0.0
-        moment = clock(ws) if now is None else clock(ws, now) + timedelta(seconds=elapsed)
-        try:
-            record, event, overlaps = _acquire(ws, item, agent_id, session_id, ttl, moment)
-            granted = Claim(record, ws=ws, agent_id=agent_id, session_id=session_id, ttl_s=ttl, event=event)
-            granted.overlaps = overlaps
-            return granted
-        except (ConflictError, BusyError):
-            remaining = wait - (time.monotonic() - started)
-            if remaining <= 0:
-                raise
-            # jittered, growing poll: waiters do not stampede the lock the moment it frees
-            from random import uniform
+    waiting = False  # recorded as a waiter (claim_waits): withdrawn however the wait ends
+    try:
+        while True:
+            # a given `now` is exact for the first attempt; the retries of a wait move on from it
+            elapsed = time.monotonic() - started if retried else 0.0
+            moment = clock(ws) if now is None else clock(ws, now) + timedelta(seconds=elapsed)
+            try:
+                record, event, overlaps = _acquire(ws, item, agent_id, session_id, ttl, moment)
+                granted = Claim(record, ws=ws, agent_id=agent_id, session_id=session_id, ttl_s=ttl, event=event)
+                granted.overlaps = overlaps
+                return granted
+            except (ConflictError, BusyError) as exc:
+                remaining = wait - (time.monotonic() - started)
+                if remaining <= 0:
+                    raise
+                if isinstance(exc, ConflictError):
+                    # a wait that would close a cycle is refused here, at once (contract §14)
+                    from .claim_waits import wait_for
 
-            time.sleep(min(remaining, delay * uniform(0.5, 1.0)))
-            delay, retried = min(delay * 1.5, 0.5), True
+                    wait_for(ws, agent_id, item, exc, moment, moment + timedelta(seconds=remaining))
+                    waiting = True
+                # jittered, growing poll: waiters do not stampede the lock the moment it frees
+                from random import uniform
+
+                time.sleep(min(remaining, delay * uniform(0.5, 1.0)))
+                delay, retried = min(delay * 1.5, 0.5), True
+    finally:
+        if waiting:
+            from .claim_waits import withdraw
+
+            try:
+                withdraw(ws, agent_id, item)
+            except SynapolisError:
+                pass  # a record left behind goes stale by itself (claim_waits.stale_wait_s)
 
 
 def _slot(ws, item: str):
@@ -615,8 +631,8 @@ def _acquire(ws, item: str, agent_id: str, session_id: str | None, ttl: float, n
                     f"{item} is held by {holder} (token {record['token']}, {status}) until "
                     f"{record['expires_at']} ({humanize_age((now - expires).total_seconds())}); "
                     "retry with --wait, or ask the holder to release it",
-                    item=item, holder=holder, holder_status=status, expires_at=record["expires_at"],
-                    token=record["token"])
+                    item=item, holder=holder, holder_item=item, holder_status=status,
+                    expires_at=record["expires_at"], token=record["token"])
             reason = "expired" if state == "expired" else status
             if holder != agent_id:
                 taken_over_from = {"agent_id": holder, "token": record["token"], "reason": reason,

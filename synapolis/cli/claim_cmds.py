@@ -45,16 +45,21 @@ def release_cmd(ws, item, force, reason, who, piggyback, as_json):
 @json_option
 @pass_workspace(create=False)
 def claims_cmd(ws, only_held, as_json):
-    """List every claim: item, state, holder and its effective status, token, ages.
+    """List every claim: item, state, holder and its effective status, token, ages; then who waits for what.
 
     Example: synapolis claims --held
     """
+    from ..claim_waits import waiting
+
     now = clock(ws)
     entries = cl.list_claims(ws, now, held_only=only_held)
+    waits = waiting(ws, now)
 
     def text(data):
+        waiters = [f"{w['agent_id']} waits for {w['item']} (blocked by {', '.join(w['blocked_by'])}) since "
+                   f"{ago(w['since'], now)}" for w in data["waiting"]]
         if not data["claims"]:
-            return "no claims"
+            return ["no claims"] + waiters
         rows = []
         for e in data["claims"]:
             if e["state"] == "invalid":
@@ -64,9 +69,9 @@ def claims_cmd(ws, only_held, as_json):
                      else f"{'expired' if e['state'] == 'expired' else 'expires'} {ago(e['expires_at'], now)}")
             rows.append([e["item"], e["state"], e["claimed_by"], e["holder_status"] or "-", e["token"],
                          ago(e["claimed_at"], now), until])
-        return table(rows, ["ITEM", "STATE", "HOLDER", "HOLDER STATUS", "TOKEN", "CLAIMED", "LEASE"])
+        return [table(rows, ["ITEM", "STATE", "HOLDER", "HOLDER STATUS", "TOKEN", "CLAIMED", "LEASE"])] + waiters
 
-    emit(as_json, {"claims": entries}, text)
+    emit(as_json, {"claims": entries, "waiting": waits}, text)
 
 
 @click.command("claim-check")

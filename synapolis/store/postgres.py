@@ -833,6 +833,44 @@ def _claim_records(cur, items) -> dict:
     return out
 
 
+def _waits(cur) -> list[dict]:
+    cur.execute("SELECT agent_id, item, since, seen_at, until, blocked_by FROM claim_waits ORDER BY since")
+    out = []
+    for row in cur.fetchall():
+        with contextlib.suppress(ValueError):
+            extra = json.loads(row["blocked_by"])
+            out.append({"agent_id": row["agent_id"], "item": row["item"], "since": row["since"],
+                        "seen_at": row["seen_at"], "until": row["until"], "blocked_by": extra.get("blocked_by", []),
+                        "blocking": extra.get("blocking", [])})
+    return out
+
+
+class WaitBook:
+    """The claim_waits rows inside a transaction holding the waiters' advisory lock (see claim_waits.FileWaitBook)."""
+
+    def __init__(self, cur):
+        self.cur = cur
+
+    def waits(self) -> list[dict]:
+        return _waits(self.cur)
+
+    def put(self, record: dict, swept=()) -> None:
+        for agent_id, item in swept:
+            self.remove(agent_id, item)
+        extra = json.dumps({"blocked_by": record["blocked_by"], "blocking": record["blocking"]}, ensure_ascii=False)
+        self.cur.execute("INSERT INTO claim_waits (agent_id, item, since, seen_at, until, blocked_by) "
+                         "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (agent_id, item) DO UPDATE SET "
+                         "seen_at = excluded.seen_at, until = excluded.until, blocked_by = excluded.blocked_by",
+                         (record["agent_id"], record["item"], record["since"], record["seen_at"], record["until"],
+                          extra))
+
+    def remove(self, agent_id: str, item: str) -> None:
+        self.cur.execute("DELETE FROM claim_waits WHERE agent_id = %s AND item = %s", (agent_id, item))
+
+    def claim_records(self, items) -> dict:
+        return _claim_records(self.cur, items)
+
+
 def _put_heartbeat(cur, doc: dict, stamp: str) -> None:
     cur.execute("INSERT INTO heartbeats (agent_id, host, session_id, doc, received_at) "
                 "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (agent_id) DO UPDATE SET host = excluded.host, "
@@ -1278,6 +1316,17 @@ class PostgresStore(base.Store):
     def claim_records(self, items):
         with self.transaction("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY") as cur:
             return _claim_records(cur, items)
+
+    @contextlib.contextmanager
+    def wait_book(self):
+        """The waiters under one advisory lock for the transaction: one wait-for graph across every machine."""
+        with self.transaction() as cur:
+            cur.execute(_LOCK, (_key("claim-waits"),))
+            yield WaitBook(cur)
+
+    def waits(self):
+        with self.transaction("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY") as cur:
+            return _waits(cur)
 
     def claim_document(self, item):
         with self.transaction("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY") as cur:
