@@ -62,11 +62,22 @@ def read_file_index(ws) -> dict | None:
 
 
 def _scan_items(ws) -> dict:
-    """{item: prefix} of every unreleased path claim, from the claim files themselves."""
-    from .claims import _is_record, file_documents
+    """{item: prefix} of every unreleased path claim, from the claim files themselves (no pathlib: a claim's
+    first use of the index runs this)."""
+    from .atomic import json_names, read_json
+    from .claims import _is_record
 
     out = {}
-    for doc, _name, _error in file_documents(ws):
+    folder = ws.files.claims
+    try:
+        names = json_names(folder)
+    except NotADirectoryError:
+        return out
+    for name in names:
+        try:
+            doc = read_json(os.path.join(folder, name))
+        except (OSError, ValueError):
+            continue
         if _is_record(doc) and is_path_item(doc["item"]) and not doc.get("released_at"):
             out[doc["item"]] = index_prefix(doc["item"])
     return out

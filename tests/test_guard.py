@@ -370,3 +370,17 @@ def test_postgres_keeps_its_index_in_the_claims_transaction(tmp_path, pg_url):
     with store_for(ws).transaction() as cur:
         cur.execute("SELECT count(*) AS n FROM claim_paths")
         assert cur.fetchone()["n"] == 0
+
+
+def test_a_claim_of_an_existing_folder_holds_what_is_in_it(project, ws):
+    (project / "src" / "api").mkdir(parents=True)
+    state = ws.root
+    out = run(state, "claim", "src/api", "--agent-id", "alice", "--json")
+    assert json.loads(out.stdout)["claim"]["item"] == "src/api/"
+    assert run(state, "claim", "src/api/new.py", "--agent-id", "bob").returncode == 3
+    # a literal path that is no folder is the one path: a file in a folder of that name is not under it
+    assert run(state, "claim", "lib/a.py", "--agent-id", "alice").returncode == 0
+    assert run(state, "claim", "**/*.md", "--agent-id", "bob").returncode == 3  # src/api/x.md is alice's
+    assert run(state, "claim", "docs/**/*.md", "--agent-id", "bob").returncode == 0
+    assert guard(ws, Who("bob"), ["lib/a.py"])["allowed"] is False
+    assert guard(ws, Who("alice"), ["docs/x.md", "docs/a/b.md"])["blocked"][1]["item"] == "docs/**/*.md"
