@@ -384,3 +384,19 @@ def test_a_claim_of_an_existing_folder_holds_what_is_in_it(project, ws):
     assert run(state, "claim", "docs/**/*.md", "--agent-id", "bob").returncode == 0
     assert guard(ws, Who("bob"), ["lib/a.py"])["allowed"] is False
     assert guard(ws, Who("alice"), ["docs/x.md", "docs/a/b.md"])["blocked"][1]["item"] == "docs/**/*.md"
+
+
+def test_nothing_held_is_known_without_the_store(project, ws, store_kind):
+    from synapolis.claim_index import nothing_held
+
+    if store_kind == "postgres":
+        assert nothing_held(ws) is False  # another store: always ask guard
+        return
+    assert nothing_held(ws, env={}) is True  # no claim at all
+    claims.claim(ws, "ticket:1", "alice")
+    assert nothing_held(ws, env={}) is False  # claim files but no index yet: ask
+    claims.claim(ws, "src/**", "alice")
+    assert nothing_held(ws, env={}) is False
+    claims.release(ws, "src/**", "alice")
+    assert nothing_held(ws, env={}) is True  # the index lists nothing held
+    assert nothing_held(ws, env={"SYNAPOLIS_STORE_URL": "postgresql://x/y"}) is False
