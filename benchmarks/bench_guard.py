@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import bench_env, bench_parser, call_ms, machine, publish, synapolis_cmd
+from _common import bench_env, bench_parser, call_ms, machine, publish, synapolis_cmd, timed
 
 SECTION = "bench_guard"
 AGENTS = [f"agent{i:02d}" for i in range(50)]
@@ -120,12 +120,7 @@ def measure(ws, runs: int, tmp: Path) -> dict:
 
 
 def python_pass_ms(runs: int, env: dict) -> float:
-    samples = []
-    for _ in range(runs):
-        began = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "pass"], env=env)
-        samples.append((time.perf_counter() - began) * 1000)
-    return statistics.median(samples)
+    return statistics.median(timed([sys.executable, "-c", "pass"], env) * 1000 for _ in range(runs))
 
 
 def main() -> None:

@@ -341,7 +341,10 @@ class FileSlot:
             atomic_write_json(self.path, record)
             log.append(event)
         if path_item and record.get("released_at"):
-            file_index_change(self.ws, self.item, False)
+            try:
+                file_index_change(self.ws, self.item, False)
+            except (OSError, SynapolisError):
+                pass  # released already: the entry left is one extra candidate (claim_index), never a gap
 
     def path_claim_candidates(self, prefixes, under: str | None = None) -> list[str]:
         from .claim_index import file_candidates
