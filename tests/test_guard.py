@@ -400,3 +400,17 @@ def test_nothing_held_is_known_without_the_store(project, ws, store_kind):
     claims.release(ws, "src/**", "alice")
     assert nothing_held(ws, env={}) is True  # the index lists nothing held
     assert nothing_held(ws, env={"SYNAPOLIS_STORE_URL": "postgresql://x/y"}) is False
+
+
+def test_case_is_folded_where_the_file_system_ignores_it(project, ws, monkeypatch):
+    from synapolis import project as proj
+
+    assert proj.ignores_case(str(project)) is False  # this machine's file system heeds case
+    claims.claim(ws, "Src/API/**", "alice")
+    assert guard(ws, Who("bob"), ["src/api/x.py"])["allowed"] is True
+    claims.claim(ws, "src/api/y.py", "bob")  # a different path where case counts
+    # on a file system that ignores case (macOS, Windows) both are the same folder
+    monkeypatch.setitem(proj._ROOTS, ws.files.root, (str(project), True))
+    assert guard(ws, Who("carol"), ["SRC/api/x.py"])["blocked"][0]["item"] == "Src/API/**"
+    with pytest.raises(ConflictError):
+        claims.claim(ws, "src/API/z.py", "carol")
