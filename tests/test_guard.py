@@ -414,3 +414,20 @@ def test_case_is_folded_where_the_file_system_ignores_it(project, ws, monkeypatc
     assert guard(ws, Who("carol"), ["SRC/api/x.py"])["blocked"][0]["item"] == "Src/API/**"
     with pytest.raises(ConflictError):
         claims.claim(ws, "src/API/z.py", "carol")
+
+
+def test_reaped_and_force_released_path_claims_leave_the_index(project, ws):
+    from synapolis.claim_index import nothing_held
+
+    from synapolis.timeutil import format_ts
+
+    write_heartbeat(ws.paths, "alice", now=format_ts(NOW))  # alive at NOW: only the lapsed lease is reaped
+    claims.claim(ws, "src/**", "alice", ttl_s=1, now=NOW)
+    claims.claim(ws, "lib/**", "alice", now=NOW)
+    reaped = claims.reap(ws, now=NOW + timedelta(seconds=5))
+    assert [r["item"] for r in reaped] == ["src/**"]
+    claims.release(ws, "lib/**", "bob", force=True, reason="alice left", now=NOW + timedelta(seconds=6))
+    assert guard(ws, Who("bob"), ["src/a.py", "lib/b.py"], now=NOW + timedelta(seconds=7))["allowed"] is True
+    if ws.config.values.get("store", "sqlite") == "sqlite":
+        assert json.loads((ws.root / INDEX_FILE).read_text())["items"] == {}
+        assert nothing_held(ws, env={}) is True
