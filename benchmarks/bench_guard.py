@@ -105,6 +105,7 @@ class Sampler:
 
         def cold_guard():
             pathpatterns._REGEX.clear()  # a hook is a new process: no pattern compiled yet
+            pathpatterns._COMPILED.clear()
             answers.append(guard(ws, Who("caller"), self.paths))
         self.samples["guard"].append(call_ms(cold_guard))
         self.blocked = len({b["path"] for b in answers[-1]["blocked"]})

@@ -98,9 +98,23 @@ def is_folder(pattern: str) -> bool:
     return pattern.endswith("/") or pattern == GLOBSTAR or pattern.endswith("/" + GLOBSTAR)
 
 
+_COMPILED: dict = {}  # (pattern, fold) -> compile_pattern's answer; a long-lived server keeps at most _KEEP
+_KEEP = 50_000
+
+
 def compile_pattern(pattern: str, fold: bool = False) -> tuple:
     """The pattern as a tuple of segments (str literal, token tuple, or GLOBSTAR); a folder pattern ends in
     GLOBSTAR (everything under it). `fold`: compare without case (a case-insensitive file system)."""
+    found = _COMPILED.get((pattern, fold))
+    if found is None:
+        if len(_COMPILED) >= _KEEP:
+            _COMPILED.clear()
+            _REGEX.clear()
+        found = _COMPILED[(pattern, fold)] = _compile(pattern, fold)
+    return found
+
+
+def _compile(pattern: str, fold: bool) -> tuple:
     folder = is_folder(pattern)
     parts = [p for p in pattern.split("/") if p not in ("", ".")]
     while folder and parts and parts[-1] == GLOBSTAR:
