@@ -13,7 +13,8 @@ from . import identity
 from .agent_call import as_agent, in_session, registrations
 from .atomic import locked
 from . import signals as sig
-from .errors import AmbiguousIdentityError, ConflictError, ForbiddenError, NotFoundError, UsageError
+from .errors import (AmbiguousIdentityError, BusyError, ConflictError, ForbiddenError, NotFoundError, SynapolisError,
+                     UsageError)
 from .heartbeat import check_fields, write_heartbeat
 from .identity import Who
 from .names import (check_limit, check_text, generate_agent_id, refuse_reserved, validate_agent_id,
@@ -152,21 +153,45 @@ def beat(ws, who: Who | None = None, *, status: str | None = None, task: str | N
     still gets its heartbeat file."""
     env = os.environ if env is None else env
     check_fields(status=status, task=task, note=note, ttl_s=ttl_s)  # before anything is written (§2)
-    with as_agent(ws, who, env=env, piggyback=piggyback, method=method, need_session=False,
-                  need_registration=False, now=now) as call:
-        fields = {"status": status or "active"}
-        if task is not None:
-            fields["task"] = task
-        if ttl_s is not None:
-            fields["ttl_s"] = ttl_s
-        if note is not None:
-            fields["note"] = note
-        if not call.registered and env.get(ENV_HARNESS):
-            fields["harness"] = env[ENV_HARNESS]
-        result = call.finish({}, beat=fields, durable=True)
-        return {"heartbeat": call.heartbeat, "agent_id": call.agent_id, "session_id": call.session_id,
-                "registered": call.registered, "pending_signals": result["pending_signals"],
-                "pending_remaining": result["pending_remaining"]}
+    fields = {"status": status or "active"}
+    if task is not None:
+        fields["task"] = task
+    if ttl_s is not None:
+        fields["ttl_s"] = ttl_s
+    if note is not None:
+        fields["note"] = note
+    calls = []
+    try:
+        with as_agent(ws, who, env=env, piggyback=piggyback, method=method, need_session=False,
+                      need_registration=False, now=now) as call:
+            calls.append(call)
+            if not call.registered and env.get(ENV_HARNESS):
+                fields["harness"] = env[ENV_HARNESS]
+            result = call.finish({}, beat=fields, durable=True)
+            return {"heartbeat": call.heartbeat, "agent_id": call.agent_id, "session_id": call.session_id,
+                    "registered": call.registered, "pending_signals": result["pending_signals"],
+                    "pending_remaining": result["pending_remaining"]}
+    except BusyError:
+        if not calls or calls[0].heartbeat is None:
+            _beat_file_anyway(ws, who, env, fields)
+        raise
+
+
+def _beat_file_anyway(ws, who, env, fields: dict) -> None:
+    """The store is away (exit 8): the beat still lands in the agent's own heartbeat file (§12: the file is
+    written first), as the caller's names say (the store that would prove them is what is away). Not for a
+    caller that require_run_token refuses whatever the store says (no token at all)."""
+    caller = identity.named(ws, who, env)
+    if caller is None or (ws.config.require_run_token and caller.run_token is None):
+        return
+    beat = dict(fields)
+    if env.get(ENV_HARNESS):
+        beat.setdefault("harness", env[ENV_HARNESS])
+    try:
+        ws.ensure()
+        write_heartbeat(ws.paths, caller.agent_id, session_id=caller.session_id, durable=True, **beat)
+    except (SynapolisError, OSError):
+        pass  # the verb fails with the store's BusyError either way
 
 
 # -- signals ---------------------------------------------------------------------------------------
