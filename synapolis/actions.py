@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from datetime import datetime
 
-from . import identity
+from . import identity, retries
 from .agent_call import as_agent, in_session, registrations
 from .atomic import locked
 from . import signals as sig
@@ -197,14 +197,26 @@ def _beat_file_anyway(ws, who, env, fields: dict) -> None:
 # -- signals ---------------------------------------------------------------------------------------
 
 def signal(ws, who: Who | None, to: str, content: str, *, type: str = "inform", sender_id: str | None = None,
-           reply_to: str | None = None, env=None, piggyback: bool = True, now: datetime | None = None) -> dict:
-    """Send one signal; the answer names its audience (live, waiting) and carries pending signals."""
+           reply_to: str | None = None, env=None, piggyback: bool = True, now: datetime | None = None,
+           idempotency_key: str | None = None) -> dict:
+    """Send one signal; the answer names its audience (live, waiting) and carries pending signals. With
+    `idempotency_key`, a retry of the same call answers as the first did and stores nothing (retries.py)."""
+    key = retries.check_key(idempotency_key)
     with as_agent(ws, who, env=env, piggyback=piggyback, now=now) as call:
         call.beat_now()  # outside the write lock: the file write need not serialize writers
-        with call.store.write() as conn:
-            signal_doc, audience = sig.send(conn, caller=call.agent_id, recipient=to, content=content, now=call.now,
-                                            config=ws.config, type_=type, sender=sender_id, reply_to=reply_to)
-            return call.finish({"signal": signal_doc, "audience": audience, "session_id": call.session_id}, conn)
+        mark = key and retries.fingerprint("signal", sender_id or call.agent_id, to, type, content, reply_to)
+        try:
+            with call.store.write() as conn:
+                signal_doc, audience = sig.send(conn, caller=call.agent_id, recipient=to, content=content,
+                                                now=call.now, config=ws.config, type_=type, sender=sender_id,
+                                                reply_to=reply_to)
+                retries.remember(conn, call.agent_id, key, "signal", mark, {"signal": signal_doc, "audience": audience},
+                                 signal_doc["timestamp"])
+                return call.finish({"signal": signal_doc, "audience": audience, "session_id": call.session_id}, conn)
+        except Exception as exc:
+            if not retries.replays(key, exc):
+                raise
+            return retries.replay(call, key, "signal", mark, exc, {"session_id": call.session_id})
 
 
 def read_signals(ws, who: Who | None = None, *, unread_only: bool = True, limit: int | None = None, env=None,
@@ -439,17 +451,28 @@ def list_agents(ws, who: Who | None = None, *, session_id: str | None = None, en
         return _finish_read(call, {"agents": agents})
 
 
-def note(ws, who: Who | None, text: str, *, env=None, piggyback: bool = True, now: datetime | None = None) -> dict:
-    """Append to the session's notes bus."""
+def note(ws, who: Who | None, text: str, *, env=None, piggyback: bool = True, now: datetime | None = None,
+         idempotency_key: str | None = None) -> dict:
+    """Append to the session's notes bus. With `idempotency_key`, a retry answers as the first call did and
+    appends nothing (retries.py)."""
     from . import board  # here and in the whiteboard's verbs: no other hot verb loads the board
 
     board.check_note(text, ws.config)
+    key = retries.check_key(idempotency_key)
     with as_agent(ws, who, env=env, piggyback=piggyback, now=now) as call:
         call.beat_now()  # outside the locks: the file write need not serialize writers
+        mark = key and retries.fingerprint("note", text)
         # all or nothing: the store's write lock first (busy: nothing appended, exit 8), and a failure
-        # after the append (the commit) takes the note back, so a retry never duplicates it
-        with store_for(ws).note_appender(call.session_id) as add, call.store.write() as conn:
-            return call.finish({"note": add(conn, call.agent_id, text, call.now)}, conn)
+        # after the append (the commit, a key recorded already) takes the note back
+        try:
+            with store_for(ws).note_appender(call.session_id) as add, call.store.write() as conn:
+                record = add(conn, call.agent_id, text, call.now)
+                retries.remember(conn, call.agent_id, key, "note", mark, {"note": record}, ts(call.now))
+                return call.finish({"note": record}, conn)
+        except Exception as exc:
+            if not retries.replays(key, exc):
+                raise
+            return retries.replay(call, key, "note", mark, exc)
 
 
 NOTES_BUDGET_CHARS = 48 * 1024  # JSON characters of notes in one answer (a note may be max_content_bytes long)

@@ -69,16 +69,19 @@ class Poster:
         self._locks: dict = {}
 
     def post(self, bearer: str, agent_id: str, session_id: str, *, note: str | None = None,
-             to: str | None = None, content: str | None = None, type: str = "inform") -> dict:
+             to: str | None = None, content: str | None = None, type: str = "inform",
+             idempotency_key: str | None = None) -> dict:
         ws = self._ws_of()
         if (note is None) == (content is None):
             raise UsageError("post a note or a signal")
         run_token = person_run_token(bearer, agent_id, session_id)
 
         def act(who):
+            # the page's key for this post: a post sent again (an answer lost, a second click) stores nothing twice
             if note is not None:
-                return actions.note(ws, who, note, env={}, piggyback=False)
-            return actions.signal(ws, who, to, content, type=type, env={}, piggyback=False)
+                return actions.note(ws, who, note, env={}, piggyback=False, idempotency_key=idempotency_key)
+            return actions.signal(ws, who, to, content, type=type, env={}, piggyback=False,
+                                  idempotency_key=idempotency_key)
 
         # setdefault: atomic, the posts' threads race here; per agent, whichever token posts as it
         with self._locks.setdefault((agent_id, session_id), threading.Lock()):

@@ -215,6 +215,17 @@ class Transaction(abc.ABC):
     def count_staged(self) -> int:
         """How many memories are staged."""
 
+    # -- idempotency keys (docs/SIGNALS.md, "Retries and idempotency keys") -------------------------
+    def remember_answer(self, agent_id: str, key: str, kind: str, fingerprint: str, answer: str, stamp: str) -> bool:
+        """Record the first answer (`answer`, JSON text) of `agent_id`'s call with `key`, in the verb's write
+        transaction: True, or False when the key is recorded already (the unique index on session, agent and
+        key says so, across machines); the caller then rolls its transaction back and replays `first_answer`."""
+        raise NotImplementedError
+
+    def first_answer(self, agent_id: str, key: str):
+        """The row (`kind`, `fingerprint`, `answer`, `created_at`) recorded for `agent_id`'s `key`, or None."""
+        raise NotImplementedError
+
 
 class SessionStore(abc.ABC):
     """One session's shared state, opened: transactions on it, then `close()`."""

@@ -44,7 +44,7 @@ try:
 except ImportError:  # pragma: no cover - exercised by a test with the driver hidden
     psycopg = None
 
-SCHEMA_VERSION = 8  # each version's script is idempotent: an upgrade runs the whole of it again
+SCHEMA_VERSION = 9  # each version's script is idempotent: an upgrade runs the whole of it again (9: idempotency_keys)
 CONNECT_TIMEOUT_S = 5  # libpq's connect_timeout; with busy_timeout_ms the bound of §12 (at most 10 s)
 NOTIFY_CHANNEL = "synapolis_signals"
 POOL_MAX = 8  # connections of a long-lived process's pool
@@ -194,6 +194,20 @@ CREATE TABLE IF NOT EXISTS notes
     agent_id   {_C} NOT NULL,
     text       TEXT NOT NULL,
     PRIMARY KEY (session_id, seq)
+);
+
+-- version 9: the first answer of each call made with an idempotency key (signal, note): a retry with the same
+-- key, from any machine, runs into this primary key and replays the answer (docs/SIGNALS.md)
+CREATE TABLE IF NOT EXISTS idempotency_keys
+(
+    session_id  {_C} NOT NULL REFERENCES sessions (session_id) ON DELETE CASCADE,
+    agent_id    {_C} NOT NULL,
+    key         {_C} NOT NULL,
+    kind        {_C} NOT NULL,
+    fingerprint {_C} NOT NULL,
+    answer      TEXT NOT NULL,
+    created_at  {_C} NOT NULL,
+    PRIMARY KEY (session_id, agent_id, key)
 );
 
 -- the consolidated memories of every session (state/memory/ledger.jsonl on SQLite), one JSON line each
@@ -720,6 +734,17 @@ class PostgresTransaction(base.Transaction):
     def count_staged(self):
         return int(self._one("SELECT COUNT(*) AS n FROM staged_memories WHERE session_id = %s",
                              (self.session_id,))["n"])
+
+    # -- idempotency keys --------------------------------------------------------------------------
+    def remember_answer(self, agent_id, key, kind, fingerprint, answer, stamp):
+        # ON CONFLICT waits for a transaction inserting the same key (another machine's retry) to end
+        return self._one("INSERT INTO idempotency_keys (session_id, agent_id, key, kind, fingerprint, answer, "
+                         "created_at) VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING 1 AS stored",
+                         (self.session_id, agent_id, key, kind, fingerprint, answer, stamp)) is not None
+
+    def first_answer(self, agent_id, key):
+        return self._one("SELECT kind, fingerprint, answer, created_at FROM idempotency_keys "
+                         "WHERE session_id = %s AND agent_id = %s AND key = %s", (self.session_id, agent_id, key))
 
 
 class ClaimSlot:

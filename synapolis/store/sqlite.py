@@ -17,7 +17,7 @@ from ..paths import SESSION_CHANGES
 from . import base
 
 # 2: run tokens are kept as their SHA-256 (identity.hash_token), and the files are private (0600/0700)
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: idempotency_keys (_IDEMPOTENCY_SCHEMA), added to a store of any older version
 # session.db, its -wal and -shm hold every agent's signals and (hashed) run token: only their owner may
 # read them, from the moment they exist (SQLite gives -wal and -shm the mode of the database file)
 PRIVATE_FILE = 0o600
@@ -111,6 +111,21 @@ CREATE TABLE IF NOT EXISTS rate_buckets
 CREATE INDEX IF NOT EXISTS signals_by_recipient ON signals (recipient, sequence);
 CREATE INDEX IF NOT EXISTS signal_reads_by_agent ON signal_reads (agent_id, signal_id);
 CREATE INDEX IF NOT EXISTS deliveries_by_agent ON signal_deliveries (agent_id, delivery_method, offers);
+"""
+
+# version 3: the first answer of each call made with an idempotency key (`signal`, `note`), one row per caller
+# and key (the unique index a retry runs into: docs/SIGNALS.md, "Retries and idempotency keys")
+_IDEMPOTENCY_SCHEMA = """
+CREATE TABLE IF NOT EXISTS idempotency_keys
+(
+    agent_id    TEXT NOT NULL,
+    key         TEXT NOT NULL,
+    kind        TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    answer      TEXT NOT NULL,
+    created_at  TIMESTAMP NOT NULL,
+    PRIMARY KEY (agent_id, key)
+) WITHOUT ROWID
 """
 
 
@@ -494,6 +509,17 @@ class SqliteTransaction(base.Transaction):
     def count_staged(self):
         return int(self.conn.execute("SELECT COUNT(*) FROM staged_memories").fetchone()[0])
 
+    # -- idempotency keys ----------------------------------------------------------------------------
+    def remember_answer(self, agent_id, key, kind, fingerprint, answer, stamp):
+        cursor = self.conn.execute("INSERT INTO idempotency_keys (agent_id, key, kind, fingerprint, answer, created_at) "
+                                   "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                                   (agent_id, key, kind, fingerprint, answer, stamp))
+        return cursor.rowcount > 0
+
+    def first_answer(self, agent_id, key):
+        return self.conn.execute("SELECT kind, fingerprint, answer, created_at FROM idempotency_keys "
+                                 "WHERE agent_id = ? AND key = ?", (agent_id, key)).fetchone()
+
 
 class SessionStore(base.SessionStore):
     """An open connection to one session's database; use `write()` and `read()` for transactions."""
@@ -558,6 +584,8 @@ class SessionStore(base.SessionStore):
                     conn.execute(statement)
             if version < 2:
                 _hash_clear_tokens(conn)
+            if version < 3:
+                conn.execute(_IDEMPOTENCY_SCHEMA)
             if version < SCHEMA_VERSION:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         if migrating:
