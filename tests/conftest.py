@@ -694,9 +694,13 @@ def harness_home(tmp_path, monkeypatch):
     (tmp_path / "tmp").mkdir()
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     for name in ("CODEX_HOME", "GEMINI_CLI_HOME", "GEMINI_CLI_TRUST_WORKSPACE", "GEMINI_CLI_TRUSTED_FOLDERS_PATH",
-                 "GEMINI_CLI_SYSTEM_DEFAULTS_PATH"):
+                 "GEMINI_CLI_SYSTEM_DEFAULTS_PATH", "CLAUDE_CONFIG_DIR"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("GEMINI_CLI_SYSTEM_SETTINGS_PATH", str(tmp_path / "etc-gemini-cli" / "settings.json"))
+    # synapolis on PATH, as on the machine of a teammate who installed it: the project's hook files run the
+    # portable `synapolis` (hooks install --scope project)
+    monkeypatch.setenv("PATH", os.pathsep.join([os.path.dirname(console_script("synapolis")),
+                                                os.environ.get("PATH", "")]))
     return path
 
 
