@@ -204,19 +204,17 @@ def signal(ws, who: Who | None, to: str, content: str, *, type: str = "inform", 
     key = retries.check_key(idempotency_key)
     with as_agent(ws, who, env=env, piggyback=piggyback, now=now) as call:
         call.beat_now()  # outside the write lock: the file write need not serialize writers
-        mark = key and retries.fingerprint("signal", sender_id or call.agent_id, to, type, content, reply_to)
         try:
             with call.store.write() as conn:
                 signal_doc, audience = sig.send(conn, caller=call.agent_id, recipient=to, content=content,
                                                 now=call.now, config=ws.config, type_=type, sender=sender_id,
-                                                reply_to=reply_to)
-                retries.remember(conn, call.agent_id, key, "signal", mark, {"signal": signal_doc, "audience": audience},
-                                 signal_doc["timestamp"])
+                                                reply_to=reply_to, idempotency_key=key)
                 return call.finish({"signal": signal_doc, "audience": audience, "session_id": call.session_id}, conn)
         except Exception as exc:
             if not retries.replays(key, exc):
                 raise
-            return retries.replay(call, key, "signal", mark, exc, {"session_id": call.session_id})
+            return retries.replay_signal(call, key, exc, to=to, content=content, type_=type, sender=sender_id,
+                                         config=ws.config)
 
 
 def read_signals(ws, who: Who | None = None, *, unread_only: bool = True, limit: int | None = None, env=None,
@@ -461,18 +459,15 @@ def note(ws, who: Who | None, text: str, *, env=None, piggyback: bool = True, no
     key = retries.check_key(idempotency_key)
     with as_agent(ws, who, env=env, piggyback=piggyback, now=now) as call:
         call.beat_now()  # outside the locks: the file write need not serialize writers
-        mark = key and retries.fingerprint("note", text)
         # all or nothing: the store's write lock first (busy: nothing appended, exit 8), and a failure
-        # after the append (the commit, a key recorded already) takes the note back
+        # after the append (the commit, a key stored already) takes the note back
         try:
             with store_for(ws).note_appender(call.session_id) as add, call.store.write() as conn:
-                record = add(conn, call.agent_id, text, call.now)
-                retries.remember(conn, call.agent_id, key, "note", mark, {"note": record}, ts(call.now))
-                return call.finish({"note": record}, conn)
+                return call.finish({"note": add(conn, call.agent_id, text, call.now, key)}, conn)
         except Exception as exc:
             if not retries.replays(key, exc):
                 raise
-            return retries.replay(call, key, "note", mark, exc)
+            return retries.replay_note(call, key, exc, text=text)
 
 
 NOTES_BUDGET_CHARS = 48 * 1024  # JSON characters of notes in one answer (a note may be max_content_bytes long)

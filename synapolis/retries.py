@@ -1,26 +1,23 @@
 """Idempotency keys: a `signal` or `note` retried with its key answers as the first time and stores nothing twice.
 
 Exit 8 (BusyError) says the verb could not be confirmed, not that nothing happened: on PostgreSQL the answer to
-a COMMIT can be lost with the COMMIT done. A caller that retries after exit 8 passes the same key; the store keeps
-the first answer under (session, caller, key), a unique index on both stores, so the retry, from any machine,
-runs into it, rolls its own transaction back and answers with what was stored (docs/SIGNALS.md, "Retries and
-idempotency keys"). The send path pays one INSERT; the lookup runs only when that INSERT finds the key taken.
+a COMMIT can be lost with the COMMIT done. A caller that retries after exit 8 passes the same key. The key is
+stored with the signal (or note) under a unique index per (session, sender, key) on both stores, so a retry, from
+any machine, runs into it (store.KeyTaken), rolls its own transaction back and answers with what was stored
+(docs/SIGNALS.md, "Retries and idempotency keys"). The send costs one more parameter and column; the lookup runs
+only on a retry.
 """
 
 from __future__ import annotations
 
 from .errors import ConflictError, RateLimitedError, UsageError
+from .store.base import KeyTaken
 
 MAX_KEY = 200  # characters: a UUID is 36; room for a caller's own scheme ("run-42/step-7/attempt")
 
 
-class Replay(Exception):
-    """Raised inside the verb's write transaction when its key is recorded already: the transaction rolls back
-    (a note appended to notes.jsonl is taken back with it) and the verb answers with the recorded first answer."""
-
-
 def check_key(key) -> str | None:
-    """The key, or UsageError (exit 2) before anything is written; None stays None (no key, no record)."""
+    """The key, or UsageError (exit 2) before anything is written; None stays None (no key, nothing kept)."""
     if key is None:
         return None
     if not isinstance(key, str) or not key or len(key) > MAX_KEY:
@@ -30,40 +27,43 @@ def check_key(key) -> str | None:
     return key
 
 
-def fingerprint(kind: str, *parts) -> str:
-    """What a retry must repeat to replay: the call's kind and arguments, hashed."""
-    from .names import sha256_hex
-
-    return sha256_hex("\x1f".join([kind, *("" if p is None else str(p) for p in parts)]).encode("utf-8", "surrogatepass"))
-
-
-def remember(tx, agent_id: str, key: str | None, kind: str, print_: str, answer: dict, stamp: str) -> None:
-    """Inside the verb's write transaction, after its effect: record `answer` under the key, or raise Replay."""
-    if key is None:
-        return
-    import json
-
-    if not tx.remember_answer(agent_id, key, kind, print_, json.dumps(answer, ensure_ascii=False), stamp):
-        raise Replay(key)
-
-
 def replays(key: str | None, exc: BaseException) -> bool:
-    """Whether the verb failing with `exc` may be a retry to answer from its record: the key is taken (Replay),
-    or the rate limit refused it (a retry of a stored send is not a new send and is never rate limited)."""
-    return key is not None and isinstance(exc, (Replay, RateLimitedError))
+    """Whether a keyed verb that failed with `exc` may be a retry to answer from what is stored: the key is
+    taken (KeyTaken), or the rate limit refused it (the retry of a stored send is not a new send)."""
+    return key is not None and isinstance(exc, (KeyTaken, RateLimitedError))
 
 
-def replay(call, key: str, kind: str, print_: str, exc: BaseException, extra: dict | None = None) -> dict:
-    """The verb's answer from the first call with `key` (marked `"replayed": true`), with this call's piggyback;
-    `exc` again when nothing is recorded under the key (a rate limit that refused a first call)."""
-    import json
+def _different(key: str, agent_id: str, kind: str, when: str) -> ConflictError:
+    return ConflictError(f"idempotency key {key!r} of {agent_id} was used for a different {kind} ({when}): a retry "
+                         "repeats the call exactly; a new call takes a new key")
 
+
+def replay_signal(call, key: str, exc: BaseException, *, to: str, content: str, type_: str, sender: str | None,
+                  config) -> dict:
+    """`signal`'s answer for the signal stored with `key` (its audience as of now), `"replayed": true`, with this
+    call's piggyback; `exc` again when nothing is stored under the key (a rate limit refused a first call)."""
+    from . import signals as sig
+
+    sender = sender or call.agent_id
     with call.store.write() as conn:
-        row = conn.first_answer(call.agent_id, key)
+        row = conn.signal_by_key(sender, key)
         if row is None:
             raise exc
-        if row["kind"] != kind or row["fingerprint"] != print_:
-            raise ConflictError(f"idempotency key {key!r} of {call.agent_id} was used for a different {row['kind']} "
-                                f"({row['created_at']}): a retry repeats the call exactly; a new call takes a new key")
-        answer = json.loads(row["answer"])
-        return call.finish({**answer, **(extra or {}), "replayed": True}, conn)
+        stored = sig.as_dict(row)
+        if (stored["recipient"], stored["type"], stored["content"]) != (to, type_, content):
+            raise _different(key, sender, "signal", stored["timestamp"])
+        rows, _mine = sig.audience_rows(conn, stored["recipient"], sender, call.agent_id)
+        stored["idempotency_key"] = key
+        return call.finish({"signal": stored, "audience": sig.audience(rows, call.now, config),
+                            "session_id": call.session_id, "replayed": True}, conn)
+
+
+def replay_note(call, key: str, exc: BaseException, *, text: str) -> dict:
+    """`note`'s answer for the note appended with `key`, `"replayed": true`, with this call's piggyback."""
+    with call.store.write() as conn:
+        note = conn.note_by_key(call.agent_id, key)
+        if note is None:
+            raise exc
+        if note["text"] != text:
+            raise _different(key, call.agent_id, "note", note["at"])
+        return call.finish({"note": note, "replayed": True}, conn)

@@ -44,7 +44,8 @@ def test_a_signal_retried_with_its_key_is_stored_once_and_answered_alike(pair):
     first = actions.signal(ws, alice, "bob", "deploy at 5", env={}, idempotency_key="k-1")
     again = actions.signal(ws, alice, "bob", "deploy at 5", env={}, idempotency_key="k-1")
     assert again["replayed"] is True and "replayed" not in first
-    assert again["signal"] == first["signal"] and again["audience"] == first["audience"]
+    assert again["signal"] == first["signal"] and again["audience"]["live"] == first["audience"]["live"]
+    assert first["signal"]["idempotency_key"] == "k-1"
     assert len(_signals(ws, sid, "deploy at 5")) == 1
     # without a key, or with another key, the same words are a new signal
     actions.signal(ws, alice, "bob", "deploy at 5", env={})
@@ -71,11 +72,15 @@ def test_a_key_is_the_callers_own(pair):
     actions.signal(ws, Who("bob", sid), "alice", "same words", env={}, idempotency_key="shared")
     assert len(_signals(ws, sid, "same words")) == 2
     for call in (lambda: actions.signal(ws, Who("alice", sid), "bob", "other words", env={}, idempotency_key="shared"),
-                 lambda: actions.signal(ws, Who("alice", sid), "*", "same words", env={}, idempotency_key="shared"),
-                 lambda: actions.note(ws, Who("alice", sid), "same words", env={}, idempotency_key="shared")):
+                 lambda: actions.signal(ws, Who("alice", sid), "*", "same words", env={}, idempotency_key="shared")):
         with pytest.raises(ConflictError, match="idempotency key 'shared'"):
             call()
-    assert len(_signals(ws, sid, "other words")) == 0 and _notes(ws, Who("alice", sid), "same words") == []
+    assert len(_signals(ws, sid, "other words")) == 0
+    # notes keep their own keys: the same key on a note is that note's
+    actions.note(ws, Who("alice", sid), "same words", env={}, idempotency_key="shared")
+    with pytest.raises(ConflictError, match="different note"):
+        actions.note(ws, Who("alice", sid), "other words", env={}, idempotency_key="shared")
+    assert len(_notes(ws, Who("alice", sid), "same words")) == 1 and _notes(ws, Who("alice", sid), "other words") == []
 
 
 @pytest.mark.parametrize("key", ["", " padded", "a\nb", "x" * 201, "tab\there"])
@@ -116,7 +121,7 @@ def test_the_cli_takes_the_key_and_says_it_replayed(pair):
                            capture_output=True, text=True, timeout=60, env=clean_env())
     assert "added" in text.stdout and "before (the same idempotency key)" in text2.stdout
     assert len(_signals(ws, sid, "from the shell")) == 1 and len(_notes(ws, Who("alice", sid), "from the shell")) == 1
-    bad = subprocess.run(synapolis_cmd(ws.root, "note", "x", *base, "--idempotency-key", "c-1"), capture_output=True,
+    bad = subprocess.run(synapolis_cmd(ws.root, "note", "x", *base, "--idempotency-key", "c-2"), capture_output=True,
                          text=True, timeout=60, env=clean_env())
     assert bad.returncode == 3 and "ConflictError" in bad.stderr and "Traceback" not in bad.stderr
 
@@ -182,7 +187,7 @@ def test_a_retry_from_another_machine_is_stored_once(machines):
 
 
 COMMIT = b"Q\x00\x00\x00\x0bCOMMIT\x00"  # the simple-query message the store sends to commit
-ARMING = (b"synapolis_send(", b"INSERT INTO notes", b"INSERT INTO idempotency_keys")
+ARMING = (b"synapolis_send(", b"INSERT INTO notes")  # a write the COMMIT then carries
 
 
 class CommitCutter:

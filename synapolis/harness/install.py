@@ -357,8 +357,9 @@ def _scope_notes(harness: str, project_dir, scope: str, path: Path, env) -> list
     others = [p for s, p in hook_files(project_dir, harness, env)
               if p != path and p.exists() and installed_events(_settings_or_empty(p), harness)]
     if others:
-        notes.append(f"{', '.join(map(str, others))} also run(s) synapolis hooks: the harness reads every file, so each "
-                     f"event would run the hook more than once; keep one (synapolis hooks uninstall {harness} --scope ...)")
+        notes.append(f"{', '.join(map(str, others))} also run(s) synapolis hooks: the harness reads every file, "
+                     "so each event would run the hook more than once; keep one "
+                     f"(synapolis hooks uninstall {harness} --scope ...)")
     return notes
 
 

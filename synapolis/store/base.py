@@ -216,15 +216,19 @@ class Transaction(abc.ABC):
         """How many memories are staged."""
 
     # -- idempotency keys (docs/SIGNALS.md, "Retries and idempotency keys") -------------------------
-    def remember_answer(self, agent_id: str, key: str, kind: str, fingerprint: str, answer: str, stamp: str) -> bool:
-        """Record the first answer (`answer`, JSON text) of `agent_id`'s call with `key`, in the verb's write
-        transaction: True, or False when the key is recorded already (the unique index on session, agent and
-        key says so, across machines); the caller then rolls its transaction back and replays `first_answer`."""
+    def signal_by_key(self, sender: str, key: str):
+        """The signal `sender` stored with idempotency key `key` (insert_signal / send_signal raise KeyTaken for a
+        second one), or None."""
         raise NotImplementedError
 
-    def first_answer(self, agent_id: str, key: str):
-        """The row (`kind`, `fingerprint`, `answer`, `created_at`) recorded for `agent_id`'s `key`, or None."""
+    def note_by_key(self, agent_id: str, key: str) -> dict | None:
+        """The note (`seq`, `at`, `agent_id`, `text`) `agent_id` appended with idempotency key `key`, or None."""
         raise NotImplementedError
+
+
+class KeyTaken(Exception):
+    """A signal or note carries an idempotency key its sender has stored already (the unique index says so, on
+    any machine): raised inside the verb's write transaction, which rolls back; retries.py answers the first."""
 
 
 class SessionStore(abc.ABC):
