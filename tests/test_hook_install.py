@@ -347,4 +347,5 @@ def test_an_entry_with_a_state_dir_keeps_it_when_pointed_at_this_synapolis(tmp_p
         {"type": "command", "command": "synapolis --state-dir '/srv/my state' hook claude-code"}]}]}})
     hook_install.install("claude-code", tmp_path)
     (entry,) = json.loads(path.read_text())["hooks"]["Stop"][0]["hooks"]
-    assert shlex.split(entry["command"]) == ["synapolis", "--state-dir", "/srv/my state", "hook", "claude-code"]
+    assert shlex.split(entry["command"]) == [*hook_install.PORTABLE_PROGRAM, "--state-dir", "/srv/my state", "hook",
+                                             "claude-code"]
