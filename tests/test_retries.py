@@ -8,6 +8,7 @@ import json
 import socket
 import subprocess
 import threading
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
@@ -341,3 +342,25 @@ def test_under_a_lock_holder_every_exit_8_is_retried_with_its_key_and_nothing_do
     for i in range(12):
         assert len(_signals(ws, sid, f"signal {i}")) == 1
         assert len(_notes(ws, Who("alice", sid), f"note {i}")) == 1
+
+
+# -- the dashboard: a post sent again with the page's key -----------------------------------------------------
+
+def test_a_dashboard_post_sent_again_with_its_key_is_stored_once(served, cli):
+    import httpx2
+
+    session = json.loads(cli("start", "--agent-id", "alice", "--json").stdout)["session_id"]
+    token = served.token("team")
+    with httpx2.Client(base_url=served.url, timeout=30, headers={"authorization": f"Bearer {token}"}) as http:
+        for form in ({"kind": "note", "text": "posted twice"},
+                     {"kind": "signal", "to": "alice", "content": "signalled twice", "text": "signalled twice"}):
+            answers = [http.post("/api/post", data={**form, "session_id": session, "agent_id": "dave",
+                                                    "idempotency_key": "page-key-" + form["kind"]})
+                       for _ in range(2)]
+            assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
+            assert answers[1].json()["replayed"] is True
+    ws = Workspace.open(served.state_dir)
+    assert len(_notes(ws, Who("alice", session), "posted twice")) == 1
+    assert len(_signals(ws, session, "signalled twice")) == 1
+    page = (Path(actions.__file__).parent / "web" / "dashboard.html").read_text()
+    assert 'form.set("idempotency_key"' in page  # the page sends one with every post
