@@ -9,11 +9,12 @@ from __future__ import annotations
 import os
 from datetime import datetime
 
-from . import identity
+from . import identity, retries
 from .agent_call import as_agent, in_session, registrations
 from .atomic import locked
 from . import signals as sig
-from .errors import AmbiguousIdentityError, ConflictError, ForbiddenError, NotFoundError, UsageError
+from .errors import (AmbiguousIdentityError, BusyError, ConflictError, ForbiddenError, NotFoundError, SynapolisError,
+                     UsageError)
 from .heartbeat import check_fields, write_heartbeat
 from .identity import Who
 from .names import (check_limit, check_text, generate_agent_id, refuse_reserved, validate_agent_id,
@@ -158,34 +159,68 @@ def beat(ws, who: Who | None = None, *, status: str | None = None, task: str | N
     still gets its heartbeat file."""
     env = os.environ if env is None else env
     check_fields(status=status, task=task, note=note, ttl_s=ttl_s)  # before anything is written (§2)
-    with as_agent(ws, who, env=env, piggyback=piggyback, method=method, need_session=False,
-                  need_registration=False, now=now) as call:
-        fields = {"status": status or "active"}
-        if task is not None:
-            fields["task"] = task
-        if ttl_s is not None:
-            fields["ttl_s"] = ttl_s
-        if note is not None:
-            fields["note"] = note
-        if not call.registered and env.get(ENV_HARNESS):
-            fields["harness"] = env[ENV_HARNESS]
-        result = call.finish({}, beat=fields, durable=True)
-        return {"heartbeat": call.heartbeat, "agent_id": call.agent_id, "session_id": call.session_id,
-                "registered": call.registered, "pending_signals": result["pending_signals"],
-                "pending_remaining": result["pending_remaining"]}
+    fields = {"status": status or "active"}
+    if task is not None:
+        fields["task"] = task
+    if ttl_s is not None:
+        fields["ttl_s"] = ttl_s
+    if note is not None:
+        fields["note"] = note
+    calls = []
+    try:
+        with as_agent(ws, who, env=env, piggyback=piggyback, method=method, need_session=False,
+                      need_registration=False, now=now) as call:
+            calls.append(call)
+            if not call.registered and env.get(ENV_HARNESS):
+                fields["harness"] = env[ENV_HARNESS]
+            result = call.finish({}, beat=fields, durable=True)
+            return {"heartbeat": call.heartbeat, "agent_id": call.agent_id, "session_id": call.session_id,
+                    "registered": call.registered, "pending_signals": result["pending_signals"],
+                    "pending_remaining": result["pending_remaining"]}
+    except BusyError:
+        if not calls or calls[0].heartbeat is None:
+            _beat_file_anyway(ws, who, env, fields)
+        raise
+
+
+def _beat_file_anyway(ws, who, env, fields: dict) -> None:
+    """The store is away (exit 8): the beat still lands in the agent's own heartbeat file (§12: the file is
+    written first), as the caller's names say (the store that would prove them is what is away). Not for a
+    caller that require_run_token refuses whatever the store says (no token at all)."""
+    caller = identity.named(ws, who, env)
+    if caller is None or (ws.config.require_run_token and caller.run_token is None):
+        return
+    beat = dict(fields)
+    if env.get(ENV_HARNESS):
+        beat.setdefault("harness", env[ENV_HARNESS])
+    try:
+        ws.ensure()
+        write_heartbeat(ws.paths, caller.agent_id, session_id=caller.session_id, durable=True, **beat)
+    except (SynapolisError, OSError):
+        pass  # the verb fails with the store's BusyError either way
 
 
 # -- signals ---------------------------------------------------------------------------------------
 
 def signal(ws, who: Who | None, to: str, content: str, *, type: str = "inform", sender_id: str | None = None,
-           reply_to: str | None = None, env=None, piggyback: bool = True, now: datetime | None = None) -> dict:
-    """Send one signal; the answer names its audience (live, waiting) and carries pending signals."""
+           reply_to: str | None = None, env=None, piggyback: bool = True, now: datetime | None = None,
+           idempotency_key: str | None = None) -> dict:
+    """Send one signal; the answer names its audience (live, waiting) and carries pending signals. With
+    `idempotency_key`, a retry of the same call answers as the first did and stores nothing (retries.py)."""
+    key = retries.check_key(idempotency_key)
     with as_agent(ws, who, env=env, piggyback=piggyback, now=now) as call:
         call.beat_now()  # outside the write lock: the file write need not serialize writers
-        with call.store.write() as conn:
-            signal_doc, audience = sig.send(conn, caller=call.agent_id, recipient=to, content=content, now=call.now,
-                                            config=ws.config, type_=type, sender=sender_id, reply_to=reply_to)
-            return call.finish({"signal": signal_doc, "audience": audience, "session_id": call.session_id}, conn)
+        try:
+            with call.store.write() as conn:
+                signal_doc, audience = sig.send(conn, caller=call.agent_id, recipient=to, content=content,
+                                                now=call.now, config=ws.config, type_=type, sender=sender_id,
+                                                reply_to=reply_to, idempotency_key=key)
+                return call.finish({"signal": signal_doc, "audience": audience, "session_id": call.session_id}, conn)
+        except Exception as exc:
+            if not retries.replays(key, exc):
+                raise
+            return retries.replay_signal(call, key, exc, to=to, content=content, type_=type, sender=sender_id,
+                                         config=ws.config)
 
 
 def read_signals(ws, who: Who | None = None, *, unread_only: bool = True, limit: int | None = None, env=None,
@@ -420,17 +455,25 @@ def list_agents(ws, who: Who | None = None, *, session_id: str | None = None, en
         return _finish_read(call, {"agents": agents})
 
 
-def note(ws, who: Who | None, text: str, *, env=None, piggyback: bool = True, now: datetime | None = None) -> dict:
-    """Append to the session's notes bus."""
+def note(ws, who: Who | None, text: str, *, env=None, piggyback: bool = True, now: datetime | None = None,
+         idempotency_key: str | None = None) -> dict:
+    """Append to the session's notes bus. With `idempotency_key`, a retry answers as the first call did and
+    appends nothing (retries.py)."""
     from . import board  # here and in the whiteboard's verbs: no other hot verb loads the board
 
     board.check_note(text, ws.config)
+    key = retries.check_key(idempotency_key)
     with as_agent(ws, who, env=env, piggyback=piggyback, now=now) as call:
         call.beat_now()  # outside the locks: the file write need not serialize writers
         # all or nothing: the store's write lock first (busy: nothing appended, exit 8), and a failure
-        # after the append (the commit) takes the note back, so a retry never duplicates it
-        with store_for(ws).note_appender(call.session_id) as add, call.store.write() as conn:
-            return call.finish({"note": add(conn, call.agent_id, text, call.now)}, conn)
+        # after the append (the commit, a key stored already) takes the note back
+        try:
+            with store_for(ws).note_appender(call.session_id) as add, call.store.write() as conn:
+                return call.finish({"note": add(conn, call.agent_id, text, call.now, key)}, conn)
+        except Exception as exc:
+            if not retries.replays(key, exc):
+                raise
+            return retries.replay_note(call, key, exc, text=text)
 
 
 NOTES_BUDGET_CHARS = 48 * 1024  # JSON characters of notes in one answer (a note may be max_content_bytes long)

@@ -91,11 +91,13 @@ class note_appender:
             raise
         return self.add
 
-    def add(self, tx, agent_id: str, text: str, now: datetime) -> dict:
+    def add(self, tx, agent_id: str, text: str, now: datetime, key: str | None = None) -> dict:
         check_note(text, self.ws.config)
         record = {"seq": _last_seq(self.path) + 1, "at": format_ts(now, micro=True), "agent_id": agent_id,
                   "text": text}
         self.appended.append(self.log.append(record))
+        if key is not None:  # KeyTaken when this agent appended a note with it already: this line is taken back
+            tx.remember_note(agent_id, key, record, record["at"])
         return record
 
     def __exit__(self, kind, value, traceback) -> None:

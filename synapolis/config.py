@@ -56,7 +56,8 @@ _DURATIONS = ("stale_after_s", "dead_after_s", "clock_skew_s", "claim_ttl_s", "r
 # The largest value of each whole-number key that the code handles (standards/config.schema.json says the
 # same): content is held in memory several times over and 16 MiB is far beyond any signal or note; a rate
 # past a million per minute or a SQLite timeout past ten minutes stops meaning anything (and 1e20 overflows
-# the float and C int they become).
+# the float and C int they become). monitor_keep: every pass lists and prunes monitor-history/, and 100,000
+# snapshots of even a small swarm are gigabytes; `monitor --keep` takes the same bound (README, "Config bounds").
 MAX_INTS = {
     "rate_limit_per_min": 1_000_000,
     "max_content_bytes": 16 * 1024 * 1024,

@@ -155,19 +155,22 @@ class Poster:
         self._ws_of = ws_of  # () -> the Workspace as of now (its config may change)
 
     def post(self, token_name: str, pinned: str | None, session_id: str, *, note: str | None = None,
-             to: str | None = None, content: str | None = None, type: str = "inform") -> dict:
+             to: str | None = None, content: str | None = None, type: str = "inform",
+             idempotency_key: str | None = None) -> dict:
         ws = self._ws_of()
         if (note is None) == (content is None):
             raise UsageError("post a note or a signal")
         if pinned is None:
             if note is not None:
-                return people.note(ws, token_name, session_id, note)
-            return people.signal(ws, token_name, session_id, to, content, type=type)
+                return people.note(ws, token_name, session_id, note, idempotency_key=idempotency_key)
+            return people.signal(ws, token_name, session_id, to, content, type=type, idempotency_key=idempotency_key)
         who = Who(pinned, session_id, None, named_only=True, vouched=True)
         try:
+            # the page's key for this post: a post sent again (an answer lost, a second click) stores nothing twice
             if note is not None:
-                return actions.note(ws, who, note, env={}, piggyback=False)
-            return actions.signal(ws, who, to, content, type=type, env={}, piggyback=False)
+                return actions.note(ws, who, note, env={}, piggyback=False, idempotency_key=idempotency_key)
+            return actions.signal(ws, who, to, content, type=type, env={}, piggyback=False,
+                                  idempotency_key=idempotency_key)
         except NoIdentityError:
             raise NoIdentityError(f"agent {pinned} is not in session {session_id}: this token posts as that agent, "
                                   "which must join the session first (start_session)") from None

@@ -257,11 +257,20 @@ def check_harness(project: Path, harness: str, env=None) -> list[dict]:
     settings = hook_install.settings_file(project, harness)
     install = f"synapolis hooks install {harness} --project-dir {shlex.quote(str(project))}"
     results = []
-    try:
+    # every file the harness reads hooks from (hooks install --scope project|local|user): ours may be in any
+    holding, document = [], {}
+    for _scope, path in hook_install.hook_files(project, harness, env):
+        try:
+            found = hook_install.load_settings(path)
+        except UsageError as exc:
+            return [finding(check, FAIL, exc.message, f"repair {path}, then: {install}")]
+        if hook_install.installed_events(found, harness):
+            holding.append((path, found))
+    if holding:
+        settings, document = holding[0]
+    elif settings.exists():
         document = hook_install.load_settings(settings)
-    except UsageError as exc:
-        return [finding(check, FAIL, exc.message, f"repair {settings}, then: {install}")]
-    events = set(hook_install.installed_events(document, harness))
+    events = {e for _path, found in holding for e in hook_install.installed_events(found, harness)}
     missing = [e for e in spec.events if e not in events]
     if len(missing) == len(spec.events):
         # the harness is set up in this project, but maybe not for synapolis: say so, do not fail
@@ -271,11 +280,17 @@ def check_harness(project: Path, harness: str, env=None) -> list[dict]:
                                          "when they call synapolis's MCP tools, never between calls", install), *mcp]
         return [finding(check, WARN, f"{settings.parent} exists but {settings.name} has no synapolis hooks, so "
                                      "this harness's agents neither beat nor receive signals", install)]
+    where = ", ".join(str(path) for path, _found in holding)
     if missing:
-        results.append(finding(check, FAIL, f"{settings} has no synapolis hook for {', '.join(missing)}", install))
+        results.append(finding(check, FAIL, f"{where} has no synapolis hook for {', '.join(missing)}", install))
     else:
-        results.append(finding(check, OK, f"hooks for {', '.join(spec.events)} in {settings}"))
-    results.extend(check_hook_commands(document, harness, check, install, env))
+        results.append(finding(check, OK, f"hooks for {', '.join(spec.events)} in {where}"))
+    if len(holding) > 1:
+        results.append(finding(check, WARN, f"synapolis hooks are in {len(holding)} files the harness reads ({where}): "
+                                            "each event runs the hook once per file",
+                               f"keep one: synapolis hooks uninstall {harness} --scope project|local|user"))
+    for _path, found in holding:
+        results.extend(check_hook_commands(found, harness, check, install, env))
     if harness == "gemini-cli":
         results.extend(_check_gemini(project, document, settings, check, env))
     if harness == "codex":
@@ -322,7 +337,8 @@ def check_hook_commands(document: dict, harness: str, check: str, install: str, 
         if found is None or not (os.path.isfile(found) and os.access(found, os.X_OK)):
             where = "does not exist or is not executable" if os.sep in program else "is not on PATH"
             results.append(finding(check, FAIL, f"the hooks run {program}, which {where}, so every hook fails",
-                                   f"{install}   (writes the absolute path of this synapolis)"))
+                                   f"{install} --scope local   (this machine's absolute path of synapolis, in a "
+                                   "file that is not committed)" if os.sep not in program else install))
             continue
         # a state directory option is kept; only the program is asked who it is
         probe = [found, *(w for w in words[1:] if w in ("-m", "synapolis")), "--version"]
@@ -450,9 +466,21 @@ def _check_mcp(project: Path, harness: str, check: str, env=None) -> list[dict]:
                     f"add to {first}: {_mcp_snippet(harness)}")]
 
 
+def _hooks_elsewhere(project: Path, harness: str, env) -> bool:
+    """synapolis hooks in one of the harness's files outside the project (hooks install --scope user)."""
+    for _scope, path in hook_install.hook_files(project, harness, env):
+        try:
+            if path.exists() and hook_install.installed_events(hook_install.load_settings(path), harness):
+                return True
+        except UsageError:
+            continue
+    return False
+
+
 def check_harnesses(project: Path, env=None) -> list[dict]:
     wired = [h for h, spec in hook_install.HARNESSES.items()
-             if (project / spec.settings_path).parent.is_dir() or (project / MCP_FILES[h]).is_file()]
+             if (project / spec.settings_path).parent.is_dir() or (project / MCP_FILES[h]).is_file()
+             or _hooks_elsewhere(project, h, env)]
     if not wired:
         return [finding("harness", WARN, f"no harness is wired up in {project}",
                         "synapolis hooks install claude-code   (or gemini-cli, codex)")]

@@ -265,14 +265,22 @@ def write_heartbeat(paths, agent_id: str, *, harness: str | None = None, status:
     path = files.heartbeat(agent_id)
     # heartbeats/ is made by atomic_write_bytes when missing (no makedirs on every refresh)
     with locked(files.lock(f"heartbeat.{agent_id}")):
+        lost = False  # a previous heartbeat exists but gives no seq: it must not restart at 1
         try:
             previous = read_json(path)
             if not isinstance(previous, dict):
-                previous = {}
-        except (OSError, ValueError):
+                previous, lost = {}, True
+        except FileNotFoundError:
             previous = {}
+        except (OSError, ValueError):
+            previous, lost = {}, True
         prev_seq = previous.get("seq")
-        seq = prev_seq + 1 if _is_int(prev_seq) and prev_seq >= 0 else 1
+        if _is_schema_int(prev_seq) and prev_seq >= 0:
+            seq = int(prev_seq) + 1  # 12.0 is JSON Schema's integer 12: continued, never restarted
+        elif lost or previous:
+            seq = recovered_seq(files, agent_id)
+        else:
+            seq = 1
         stamp = now or _now_ts()
         doc = {
             "schema_version": SCHEMA_VERSION,
@@ -307,6 +315,26 @@ def write_heartbeat(paths, agent_id: str, *, harness: str | None = None, status:
         # durable=False (refreshes by other verbs): still atomic, just no fsync on the hot path
         atomic_write_json(path, doc, durable=durable)
     return doc
+
+
+def recovered_seq(files, agent_id: str) -> int:
+    """The seq of a beat whose previous heartbeat cannot be read (mode 000, not JSON, a seq that is no whole
+    number): above any seq that file can have held, so a seq never goes back (docs/SECURITY.md, "seq").
+
+    The file's own number is lost; the floor is this machine's clock in milliseconds since the epoch, which a
+    seq counting one a beat never reaches (a thousand beats a second, every second since 1970), and above the
+    seq the last monitor saw for the agent (a clock set back)."""
+    import time
+
+    seen = 0
+    try:
+        monitor = read_json(files.monitor)
+        for entry in monitor.get("agents", []) if isinstance(monitor, dict) else []:
+            if isinstance(entry, dict) and entry.get("agent_id") == agent_id and _is_schema_int(entry.get("seq")):
+                seen = max(seen, int(entry["seq"]))
+    except (OSError, ValueError, AttributeError):
+        pass
+    return max(seen + 1, int(time.time() * 1000))
 
 
 def _now_ts() -> str:

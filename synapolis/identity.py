@@ -159,6 +159,30 @@ def _live_count(ws, session_id: str, now) -> int:
     return sum(count_live_agents(conn, now, ws.config) for _sid, conn in each_store(ws, [session_id]))
 
 
+def named(ws, who: Who | None = None, env=None) -> Caller | None:
+    """The caller as its names say, without opening any store (no registry, no ambiguity check): what a beat
+    writes its local file as when the store is away (§12). None when nothing names a usable agent."""
+    who = who or Who()
+    env = {} if who.named_only else os.environ if env is None else env
+    ident = None if who.named_only else read_identity_file(ws)
+    agent = who.agent_id or _blank_to_none(env.get(ENV_AGENT))
+    source = "options" if who.agent_id else "env"
+    if agent is None and ident is not None:
+        agent, source = ident["agent_id"], "identity.json"
+    matches = ident is not None and ident.get("agent_id") == agent
+    session = who.session_id or _blank_to_none(env.get(ENV_SESSION)) or (ident.get("session_id") if matches else None)
+    token = who.run_token or _blank_to_none(env.get(ENV_TOKEN)) or (ident.get("run_token") if matches else None)
+    try:
+        validate_agent_id(agent if isinstance(agent, str) else "")
+        if session is not None:
+            validate_session_id(session if isinstance(session, str) else "")
+    except UsageError:
+        return None
+    if is_reserved(agent):
+        return None
+    return Caller(agent, session, token if isinstance(token, str) else None, source)
+
+
 def resolve(ws, who: Who | None = None, env=None, required: bool = True, need_session: bool = True,
             now=None) -> Caller | None:
     """The caller's identity, first match wins: `who`, the environment, identity.json (contract §3).

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from . import signals as sig
+from . import retries, signals as sig
 from .errors import UsageError
 from .names import PERSON_PREFIX as PREFIX, sha256_hex, validate_session_id
 from .sessions import read_session
 from .store import clock, open_session, store_for
+from .store.base import KeyTaken
 
 
 def person_id(name: str) -> str:
@@ -55,29 +56,57 @@ def _active(ws, session_id: str) -> str:
     return session_id
 
 
-def note(ws, name: str, session_id: str, text: str, now: datetime | None = None) -> dict:
-    """A person's note: appended to the session's notes bus, and nothing else written."""
+def note(ws, name: str, session_id: str, text: str, now: datetime | None = None, *,
+         idempotency_key: str | None = None) -> dict:
+    """A person's note: appended to the session's notes bus, and nothing else written. With `idempotency_key`, a
+    post sent again answers with the note stored the first time and appends nothing (retries.py)."""
     from . import board
 
     board.check_note(text, ws.config)
+    key = retries.check_key(idempotency_key)
     _active(ws, session_id)
     now = clock(ws, now)
-    with store_for(ws).note_appender(session_id) as add, open_session(ws, session_id) as store, \
-            store.write() as conn:
-        written = add(conn, person_id(name), text, now)
+    writer = person_id(name)
+    try:
+        with store_for(ws).note_appender(session_id) as add, open_session(ws, session_id) as store, \
+                store.write() as conn:
+            written = add(conn, writer, text, now, key)
+        replayed = {}
+    except KeyTaken:
+        with open_session(ws, session_id) as store, store.write() as conn:
+            written = conn.note_by_key(writer, key)
+        if written is None or written["text"] != text:
+            raise retries.different(key, writer, "note") from None
+        replayed = {"replayed": True}
     return {"note": mark(dict(written), "agent_id"), "session_id": session_id, "pending_signals": [],
-            "pending_remaining": 0}
+            "pending_remaining": 0, **replayed}
 
 
 def signal(ws, name: str, session_id: str, to: str, content: str, *, type: str = "inform",
-           now: datetime | None = None) -> dict:
-    """A person's signal to `to` (`*`, an agent, a sub-agent): stored, and nothing else written."""
+           now: datetime | None = None, idempotency_key: str | None = None) -> dict:
+    """A person's signal to `to` (`*`, an agent, a sub-agent): stored, and nothing else written. With
+    `idempotency_key`, a post sent again answers with the signal stored the first time (retries.py)."""
     if not to:
         raise UsageError("name whom the signal is to: * or an agent")
+    key = retries.check_key(idempotency_key)
     _active(ws, session_id)
     now = clock(ws, now)
-    with open_session(ws, session_id) as store, store.write() as conn:
-        doc, audience = sig.send(conn, caller=None, recipient=to, content=content, now=now, config=ws.config,
-                                 type_=type, sender=person_id(name), rate_limited=False)
+    sender = person_id(name)
+    replayed = {}
+    with open_session(ws, session_id) as store:
+        try:
+            with store.write() as conn:
+                doc, audience = sig.send(conn, caller=None, recipient=to, content=content, now=now,
+                                         config=ws.config, type_=type, sender=sender, rate_limited=False,
+                                         idempotency_key=key)
+        except KeyTaken:
+            with store.write() as conn:
+                row = conn.signal_by_key(sender, key)
+                doc = sig.as_dict(row) if row is not None else None
+                if doc is None or (doc["recipient"], doc["type"], doc["content"]) != (to, type, content):
+                    raise retries.different(key, sender, "signal") from None
+                rows, _mine = sig.audience_rows(conn, doc["recipient"], sender, None)
+                audience = sig.audience(rows, now, ws.config)
+            replayed = {"replayed": True}
     return {"signal": mark(dict(doc), "sender"), "audience": audience, "session_id": session_id,
-            "pending_signals": [], "pending_remaining": 0}
+            "pending_signals": [], "pending_remaining": 0, **replayed}

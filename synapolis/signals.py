@@ -243,12 +243,13 @@ def find_signal(tx, ref: str, agent_id: str | None = None):
 
 def send(tx, *, caller: str | None, recipient: str, content: str, now: datetime, config,
          type_: str = "inform", sender: str | None = None, reply_to: str | None = None,
-         rate_limited: bool = True) -> tuple[dict, dict]:
+         rate_limited: bool = True, idempotency_key: str | None = None) -> tuple[dict, dict]:
     """Store one signal (marking nothing delivered); returns (signal, audience).
 
     `caller` is the registered agent acting (None for the system sender); `sender` is the caller or
     one of its sub-agents. The Lamport value is above the caller's clock, which every delivery and
-    ack to it raises, and above the signal it replies to.
+    ack to it raises, and above the signal it replies to. `idempotency_key` is stored with the signal, under a
+    unique index per sender: a second send with it raises store.KeyTaken (retries.py replays the first).
     """
     if type_ not in TYPES:
         raise UsageError(f"signal type must be one of {', '.join(TYPES)}, not {type_!r}")
@@ -261,7 +262,7 @@ def send(tx, *, caller: str | None, recipient: str, content: str, now: datetime,
         raise ForbiddenError(f"sender {sender!r} is neither the caller {caller!r} nor one of its sub-agents")
     if not reply_to and tx.offers_send_signal:
         return _send_in_one_call(tx, caller=caller, sender=sender, recipient=recipient, type_=type_, content=content,
-                                 now=now, config=config, rate_limited=rate_limited)
+                                 now=now, config=config, rate_limited=rate_limited, key=idempotency_key)
     rows, mine = audience_rows(tx, recipient, sender, caller)
     if caller is not None and mine is None:
         raise _unknown_caller(caller)
@@ -279,7 +280,7 @@ def send(tx, *, caller: str | None, recipient: str, content: str, now: datetime,
     lamport = clock + 1
     moment = now
     while True:
-        signal = _new_signal(sender, recipient, type_, content, moment, lamport, reply_id)
+        signal = _new_signal(sender, recipient, type_, content, moment, lamport, reply_id, idempotency_key)
         signal["sequence"] = tx.insert_signal(signal, caller)  # and the caller's clock goes up to `lamport`
         if signal["sequence"] is not None:
             break
@@ -287,22 +288,25 @@ def send(tx, *, caller: str | None, recipient: str, content: str, now: datetime,
     return signal, audience(rows, now, config)
 
 
-def _new_signal(sender, recipient, type_, content, moment: datetime, lamport, reply_id) -> dict:
+def _new_signal(sender, recipient, type_, content, moment: datetime, lamport, reply_id, key=None) -> dict:
     """The row a send stores, stamped `moment` (its id hashes the stamp: a retry one microsecond later is new)."""
     stamp = ts(moment)
-    return {"id": signal_id(sender, recipient, type_, content, stamp), "sequence": None, "timestamp": stamp,
-            "sender": sender, "recipient": recipient, "type": type_, "content": content, "lamport": lamport,
-            "reply_to": reply_id}
+    signal = {"id": signal_id(sender, recipient, type_, content, stamp), "sequence": None, "timestamp": stamp,
+              "sender": sender, "recipient": recipient, "type": type_, "content": content, "lamport": lamport,
+              "reply_to": reply_id}
+    if key is not None:
+        signal["idempotency_key"] = key
+    return signal
 
 
-def _send_in_one_call(tx, *, caller, sender, recipient, type_, content, now, config, rate_limited):
+def _send_in_one_call(tx, *, caller, sender, recipient, type_, content, now, config, rate_limited, key=None):
     """`send` through the store's fused operation (`Transaction.send_signal`: the same checks, token bucket,
     Lamport value and insert in one round trip)."""
     candidates = None if recipient == BROADCAST else recipient_chain(recipient)
     rate = float(config.rate_limit_per_min) if rate_limited and caller is not None else None
     moment = now
     while True:
-        signal = _new_signal(sender, recipient, type_, content, moment, None, None)
+        signal = _new_signal(sender, recipient, type_, content, moment, None, None, key)
         outcome = tx.send_signal(signal, caller=caller, candidates=candidates, rate=rate, moment=now.timestamp())
         refused = outcome.get("refused")
         if refused == "recipient":

@@ -48,7 +48,7 @@ def configure(ws, **values):
 # file itself is marked `sqlite_only`.
 BOTH_STORES = {"test_signals", "test_store_pool", "test_delivery", "test_sleep", "test_sessions", "test_board", "test_signals_processes", "test_store",
                "test_claims", "test_mcp", "test_mcp_identity",
-               "test_people", "test_guard"}
+               "test_people", "test_guard", "test_retries"}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PG_SCRIPT = os.path.join(ROOT, "scripts", "synapolis-test-postgres")
 
@@ -698,9 +698,13 @@ def harness_home(tmp_path, monkeypatch):
     (tmp_path / "tmp").mkdir()
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     for name in ("CODEX_HOME", "GEMINI_CLI_HOME", "GEMINI_CLI_TRUST_WORKSPACE", "GEMINI_CLI_TRUSTED_FOLDERS_PATH",
-                 "GEMINI_CLI_SYSTEM_DEFAULTS_PATH"):
+                 "GEMINI_CLI_SYSTEM_DEFAULTS_PATH", "CLAUDE_CONFIG_DIR"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("GEMINI_CLI_SYSTEM_SETTINGS_PATH", str(tmp_path / "etc-gemini-cli" / "settings.json"))
+    # synapolis on PATH, as on the machine of a teammate who installed it: the project's hook files run the
+    # portable `synapolis` (hooks install --scope project)
+    monkeypatch.setenv("PATH", os.pathsep.join([os.path.dirname(console_script("synapolis")),
+                                                os.environ.get("PATH", "")]))
     return path
 
 

@@ -21,7 +21,7 @@ from http.server import BaseHTTPRequestHandler
 
 import pytest
 
-from conftest import CodexAppServer, LocalServer, harness_binary, respond
+from conftest import CodexAppServer, LocalServer, console_script, harness_binary, respond
 from synapolis import doctor
 from synapolis.harness import install as hook_install, settings as harness_settings
 
@@ -135,7 +135,9 @@ def test_gemini_runs_the_installed_hooks_exactly_when_doctor_says_so(tmp_path, h
 def run_claude(project, home, state_dir, model, *args) -> str:
     """One `claude -p` turn in `project`: everything the model was sent, joined (JSON-escaped as sent)."""
     env = {**os.environ, "HOME": str(home), "ANTHROPIC_API_KEY": "sk-ant-stand-in", "ANTHROPIC_BASE_URL": model.url,
-           "SYNAPOLIS_STATE_DIR": str(state_dir)}
+           "SYNAPOLIS_STATE_DIR": str(state_dir),
+           # synapolis on PATH, as a teammate has it: the project's settings run the portable `synapolis`
+           "PATH": os.pathsep.join([os.path.dirname(console_script("synapolis")), os.environ.get("PATH", "")])}
     subprocess.run([CLAUDE, "-p", "hello", *args], cwd=project, env=env, capture_output=True, timeout=120,
                    stdin=subprocess.DEVNULL)
     assert model.bodies, "claude never called the model stand-in"

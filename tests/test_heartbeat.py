@@ -37,12 +37,18 @@ def test_fields_are_kept_unless_given_and_note_is_for_one_beat(ws):
     assert changed["seq"] == 3
 
 
-def test_a_broken_previous_file_restarts_seq(ws):
+def test_a_broken_previous_file_never_sends_seq_back(ws):
+    """The broken file's seq is lost; the next one is above any it can have held (heartbeat.recovered_seq)."""
+    import time
+
+    floor = int(time.time() * 1000)
     ws.paths.heartbeat("a").write_text("{garbage")
-    assert hb.write_heartbeat(ws.paths, "a")["seq"] == 1
+    first = hb.write_heartbeat(ws.paths, "a")["seq"]
+    assert first >= floor
     ws.paths.heartbeat("a").write_text(json.dumps({"seq": "7", "status": "weird"}))
     doc = hb.write_heartbeat(ws.paths, "a")
-    assert doc["seq"] == 1 and doc["status"] == "active"
+    assert doc["seq"] >= first and doc["status"] == "active"
+    assert hb.write_heartbeat(ws.paths, "a")["seq"] == doc["seq"] + 1
 
 
 @pytest.mark.parametrize("kwargs", [{"status": "busy"}, {"ttl_s": 0}, {"ttl_s": -5}, {"ttl_s": "10"},

@@ -81,7 +81,8 @@ def test_install_keeps_everything_and_uninstall_restores_it(tmp_path, harness):
         groups = installed["hooks"][event]
         assert groups[:-1] == original.get("hooks", {}).get(event, [])
         (entry,) = groups[-1]["hooks"]
-        assert entry["command"] == hook_install.hook_command(harness) and entry["type"] == "command"
+        # the committed project file runs the portable `synapolis` (issue 30: never this machine's path)
+        assert entry["command"] == f"synapolis hook {harness}" and entry["type"] == "command"
         assert entry["timeout"] == (10000 if harness == "gemini-cli" else 10)
     assert hook_install.uninstall(harness, tmp_path)["removed"]
     assert json.loads(path.read_text()) == original
@@ -119,16 +120,16 @@ def test_uninstall_takes_only_our_entry_out_of_a_shared_group(tmp_path):
     assert after["hooks"]["Stop"] == document["hooks"]["Stop"]
 
 
-def test_our_entries_with_another_command_are_pointed_at_this_synapolis(tmp_path):
-    # an earlier install that wrote the bare name (found only where synapolis is on the harness's PATH)
-    document = {"hooks": {e: [{"hooks": [{"type": "command", "command": "synapolis hook codex", "timeout": 10}]}]
-                          for e in hook_install.HARNESSES["codex"].events}}
+def test_our_entries_with_a_machines_path_are_made_portable_in_the_project_file(tmp_path):
+    # an earlier install that wrote one machine's virtualenv into the committed file (issue 30)
+    document = {"hooks": {e: [{"hooks": [{"type": "command", "command": "/home/me/.venv/bin/synapolis hook codex",
+                                          "timeout": 10}]}] for e in hook_install.HARNESSES["codex"].events}}
     path = write(tmp_path, "codex", document)
     result = hook_install.install("codex", tmp_path)
     assert result["added"] == [] and sorted(result["updated"]) == sorted(hook_install.HARNESSES["codex"].events)
     after = json.loads(path.read_text())
     commands = [h["command"] for groups in after["hooks"].values() for g in groups for h in g["hooks"]]
-    assert commands == [hook_install.hook_command("codex")] * len(commands)  # updated in place, none added
+    assert commands == ["synapolis hook codex"] * len(commands)  # updated in place, none added
     before = path.read_bytes()
     again = hook_install.install("codex", tmp_path)
     assert not again["changed"] and path.read_bytes() == before
@@ -346,5 +347,5 @@ def test_an_entry_with_a_state_dir_keeps_it_when_pointed_at_this_synapolis(tmp_p
         {"type": "command", "command": "synapolis --state-dir '/srv/my state' hook claude-code"}]}]}})
     hook_install.install("claude-code", tmp_path)
     (entry,) = json.loads(path.read_text())["hooks"]["Stop"][0]["hooks"]
-    assert shlex.split(entry["command"]) == [*hook_install.program_command(), "--state-dir", "/srv/my state",
-                                             "hook", "claude-code"]
+    assert shlex.split(entry["command"]) == [*hook_install.PORTABLE_PROGRAM, "--state-dir", "/srv/my state", "hook",
+                                             "claude-code"]

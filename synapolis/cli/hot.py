@@ -42,14 +42,16 @@ def beat(ws, who, piggyback: bool, status=None, task=None, ttl=None, note=None):
         + (f" session={d['session_id']}" if d["registered"] else " (in no session)"), d)
 
 
-def signal(ws, who, piggyback: bool, to: str, content: str, type_="inform", sender_id=None, reply_to=None):
+def signal(ws, who, piggyback: bool, to: str, content: str, type_="inform", sender_id=None, reply_to=None,
+           idempotency_key=None):
     data = actions.signal(ws, who, to, content_arg(content, ws), type=type_, sender_id=sender_id,
-                          reply_to=reply_to, piggyback=piggyback)
+                          reply_to=reply_to, piggyback=piggyback, idempotency_key=idempotency_key)
 
     def text(d):
         s, aud = d["signal"], d["audience"]
         waiting = ", ".join(f"{a} ({d['audience']['waiting_status'].get(a, 'waiting')})" for a in aud["waiting"])
-        lines = [f"sent {s['id'][:12]} (#{s['sequence']}, lamport {s['lamport']}) {s['sender']} -> {s['recipient']}",
+        lines = [f"{'sent before (the same idempotency key):' if d.get('replayed') else 'sent'} {s['id'][:12]} "
+                 f"(#{s['sequence']}, lamport {s['lamport']}) {s['sender']} -> {s['recipient']}",
                  f"live: {', '.join(aud['live']) or 'nobody'}" + (f"; waiting for: {waiting}" if waiting else "")]
         if not aud["live"]:
             lines.append("note: no live recipient; the signal waits until one starts, beats or polls")
@@ -87,9 +89,10 @@ def signals_pending(ws, who, piggyback: bool, limit=None):
     return data, lambda d: with_pending([] if d["pending_signals"] else ["no pending signals"], d)
 
 
-def note(ws, who, piggyback: bool, text: str):
-    data = actions.note(ws, who, content_arg(text, ws), piggyback=piggyback)
-    return data, lambda d: with_pending(f"note #{d['note']['seq']} added", d)
+def note(ws, who, piggyback: bool, text: str, idempotency_key=None):
+    data = actions.note(ws, who, content_arg(text, ws), piggyback=piggyback, idempotency_key=idempotency_key)
+    return data, lambda d: with_pending(f"note #{d['note']['seq']} " + ("was added before (the same idempotency key)"
+                                                                       if d.get("replayed") else "added"), d)
 
 
 # -- claims (contract §9): an agent claims, renews (claims again) and releases around its edits ---------

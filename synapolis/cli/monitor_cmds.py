@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..config import MAX_INTS
 from ..timeutil import humanize_age, parse_ts, utcnow
 from .common import ago, emit, json_option, pass_workspace, table, workspace
 
@@ -22,8 +23,9 @@ def _monitor_text(doc) -> list[str]:
 
 
 @click.command("monitor")
-@click.option("--keep", type=click.IntRange(min=1), default=None,
-              help="Keep this many snapshots in monitor-history/ (default: monitor_keep).")
+@click.option("--keep", type=click.IntRange(min=1, max=MAX_INTS["monitor_keep"]), default=None,
+              help="Keep this many snapshots in monitor-history/ (default: monitor_keep; at most "
+                   f"{MAX_INTS['monitor_keep']:,}, as the key).")
 @click.option("--no-rotate", is_flag=True, help="Overwrite heartbeat-monitor.json without keeping the previous one.")
 @click.option("--watch", is_flag=True, help="Re-derive whenever a heartbeat changes, until interrupted.")
 @json_option

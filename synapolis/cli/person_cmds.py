@@ -50,20 +50,32 @@ def _project_option(func):
                         help="The project whose settings file to change (default: the working directory).")(func)
 
 
+def _scope_option(func):
+    return click.option("--scope", type=click.Choice(["project", "local", "user"]), default="project",
+                        show_default=True,
+                        help="project: the committed file, running `synapolis` from PATH (portable); local: this "
+                             "machine's file for the project (Claude Code .claude/settings.local.json; Gemini CLI and "
+                             "Codex: their user file), running this synapolis by its absolute path; user: the "
+                             "harness's user file, the same way.")(func)
+
+
 @hooks_group.command("install")
 @click.argument("harness", type=click.Choice(HARNESS_NAMES))
 @_project_option
+@_scope_option
 @click.option("--trust", is_flag=True,
               help="Codex only: also record these hooks as trusted in Codex's user config ($CODEX_HOME/config.toml), "
                    "as its own review would. Only when you have read them.")
 @json_option
-def hooks_install_cmd(harness, project_dir, trust, as_json):
-    """Merge synapolis's hooks into HARNESS's project settings file, keeping everything else (idempotent).
+def hooks_install_cmd(harness, project_dir, scope, trust, as_json):
+    """Merge synapolis's hooks into HARNESS's settings file, keeping everything else (idempotent).
 
-    The hooks run this synapolis by its absolute path. Notes say what is left before the harness runs them
-    (Codex: trust the project and the hooks; Gemini CLI: a trusted folder, hooks switched on).
+    --scope project (the default) writes the committed project file with the portable command `synapolis hook
+    HARNESS`; --scope local or user write this machine's file with this synapolis's absolute path. Notes say
+    what is left before the harness runs them (Codex: trust the project and the hooks; Gemini CLI: a trusted
+    folder, hooks switched on).
 
-    Example: synapolis hooks install gemini-cli --project-dir ~/src/app
+    Example: synapolis hooks install claude-code --scope local --project-dir ~/src/app
     """
     from ..harness.install import install
 
@@ -76,17 +88,18 @@ def hooks_install_cmd(harness, project_dir, trust, as_json):
             lines.append(f"trusted in Codex's config: {len(d['trusted'])} hook(s)")
         return lines + [f"note: {n}" for n in d["notes"]]
 
-    emit(as_json, install(harness, project_dir, trust=trust), text)
+    emit(as_json, install(harness, project_dir, trust=trust, scope=scope), text)
 
 
 @hooks_group.command("uninstall")
 @click.argument("harness", type=click.Choice(HARNESS_NAMES))
 @_project_option
+@_scope_option
 @json_option
-def hooks_uninstall_cmd(harness, project_dir, as_json):
-    """Take synapolis's own hook entries out of HARNESS's project settings file; nothing else changes.
+def hooks_uninstall_cmd(harness, project_dir, scope, as_json):
+    """Take synapolis's own hook entries out of HARNESS's settings file of --scope; nothing else changes.
 
-    Example: synapolis hooks uninstall codex --project-dir .
+    Example: synapolis hooks uninstall codex --project-dir . --scope user
     """
     from ..harness.install import uninstall
 
@@ -94,7 +107,7 @@ def hooks_uninstall_cmd(harness, project_dir, as_json):
         what = f"removed hooks from {', '.join(d['removed'])}" if d["removed"] else "no synapolis hooks found"
         return f"{d['harness']}: {what} in {d['settings_file']}"
 
-    emit(as_json, uninstall(harness, project_dir), text)
+    emit(as_json, uninstall(harness, project_dir, scope=scope), text)
 
 
 @click.command("doctor")

@@ -90,14 +90,18 @@ def list_agents_cmd(ws, who, piggyback, as_json):
 @click.option("--type", "type_", type=click.Choice(TYPES), default="inform", show_default=True, help="Signal type.")
 @click.option("--sender-id", default=None, help="Send as a sub-agent of the caller (caller.sub).")
 @click.option("--reply-to", default=None, help="The signal this answers (full id or unique 8+ prefix).")
+@click.option("--idempotency-key", default=None,
+              help="A key of your choosing (a UUID): a retry with the same key, after exit 8 say, answers as the "
+                   "first call did and stores nothing twice.")
 @agent_options
 @pass_workspace(create=False)  # the verb creates it after checking the names (§2)
-def signal_cmd(ws, to, content, type_, sender_id, reply_to, who, piggyback, as_json):
+def signal_cmd(ws, to, content, type_, sender_id, reply_to, idempotency_key, who, piggyback, as_json):
     """Send a signal to an agent, a sub-agent (a.b) or everyone (*); CONTENT '-' reads stdin.
 
-    Example: synapolis signal bob "tests are green, merge when ready" --type inform
+    Example: synapolis signal bob "tests are green, merge when ready" --type inform --idempotency-key 7f3c9a
     """
-    emit(as_json, *hot.signal(ws, who, piggyback, to, content, type_=type_, sender_id=sender_id, reply_to=reply_to))
+    emit(as_json, *hot.signal(ws, who, piggyback, to, content, type_=type_, sender_id=sender_id, reply_to=reply_to,
+                              idempotency_key=idempotency_key))
 
 
 @click.command("read-signals")
@@ -153,14 +157,17 @@ def signals_pending_cmd(ws, limit, who, piggyback, as_json):
 
 @click.command("note")
 @click.argument("text")
+@click.option("--idempotency-key", default=None,
+              help="A key of your choosing (a UUID): a retry with the same key, after exit 8 say, answers as the "
+                   "first call did and stores nothing twice.")
 @agent_options
 @pass_workspace(create=False)  # the verb creates it after checking the names (§2)
-def note_cmd(ws, text, who, piggyback, as_json):
+def note_cmd(ws, text, idempotency_key, who, piggyback, as_json):
     """Append a note to the session's notes bus; TEXT '-' reads stdin.
 
-    Example: synapolis note "starting on the parser; src/parse.py is mine"
+    Example: synapolis note "starting on the parser; src/parse.py is mine" --idempotency-key 7f3c9a
     """
-    emit(as_json, *hot.note(ws, who, piggyback, text))
+    emit(as_json, *hot.note(ws, who, piggyback, text, idempotency_key=idempotency_key))
 
 
 @click.command("read-notes")

@@ -116,21 +116,39 @@ def _utf16_units(text: str) -> int:
     return len(text.encode("utf-16-le", "surrogatepass")) // 2
 
 
-def context_cost(harness: str, text: str) -> int:
-    """What `text` costs as a hook's additionalContext in HARNESS, in the unit of OUTPUT_BUDGETS.
+def _escaped(text: str) -> str:
+    """`text` as it stands inside the printed answer (run_bounded: json.dumps, ensure_ascii=False): a control
+    character is six characters there (\\u0001), a quote, a backslash or a newline two."""
+    if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
+        return text  # nothing to escape (the usual line): no encoder call
+    return json.dumps(text, ensure_ascii=False)[1:-1]
 
-    Every measure adds up character by character, so a text's cost is the sum of its parts' costs.
+
+def context_cost(harness: str, text: str) -> int:
+    """What `text` costs as a hook's additionalContext in HARNESS, in the unit of OUTPUT_BUDGETS, counted as
+    the harness receives it: JSON-escaped in the printed answer (4,500 control characters are 27,000 there).
+
+    Every measure adds up character by character (JSON escapes each character on its own), so a text's cost
+    is the sum of its parts' costs.
     """
+    return printed_cost(harness, _escaped(text))
+
+
+def printed_cost(harness: str, printed: str) -> int:
+    """What printed text (the answer on stdout) costs in HARNESS's unit: Codex UTF-8 bytes, Claude Code
+    UTF-16 code units (JavaScript's length), Gemini CLI UTF-16 code units once it escapes < and > as &lt; &gt;."""
     if harness == "codex":
-        return len(text.encode("utf-8", "surrogatepass"))
+        return len(printed.encode("utf-8", "surrogatepass"))
     if harness == "gemini-cli":
-        return _utf16_units(text) + 3 * (text.count("<") + text.count(">"))
-    return _utf16_units(text)  # Claude Code: the parsed string's JavaScript length
+        return _utf16_units(printed) + 3 * (printed.count("<") + printed.count(">"))
+    return _utf16_units(printed)
 
 
 def context_room(harness: str, event: str) -> int:
-    """The budget for one event's context (the same for every event today)."""
-    return OUTPUT_BUDGETS[harness]
+    """The budget for one event's context: the harness's cap less the printed answer around it (the answer
+    object with an empty context, and its newline), so that the whole answer stays within the cap."""
+    envelope = json.dumps(answer(harness, event, "x"), ensure_ascii=False).replace('"x"', '""') + "\n"
+    return OUTPUT_BUDGETS[harness] - printed_cost(harness, envelope)
 
 
 def _signal_block(signal: dict) -> str:

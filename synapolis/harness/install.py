@@ -66,19 +66,70 @@ def program_command() -> list[str]:
     return [os.path.abspath(sys.executable), "-m", "synapolis"]
 
 
-def hook_command(harness: str) -> str:
-    """`<absolute path to synapolis> hook HARNESS`, quoted for the shell the harness runs it with."""
-    return shlex.join([*program_command(), "hook", harness])
+# -- where the entries go: --scope (docs/HOOKS.md, "Scopes: what is committed, what is this machine's") --------
+SCOPES = ("project", "local", "user")
+PORTABLE_PROGRAM = ["synapolis"]  # what a committed file runs: found on each teammate's PATH, no machine's path
 
 
-def with_this_program(command: str, harness: str) -> str:
-    """`command` (one of ours) running this synapolis: its program words replaced, its options kept."""
+def user_settings_file(harness: str, env=None) -> Path:
+    """The harness's user-level file: ~/.claude/settings.json ($CLAUDE_CONFIG_DIR), ~/.gemini/settings.json
+    ($GEMINI_CLI_HOME), $CODEX_HOME/hooks.json (~/.codex)."""
+    from . import settings as hs
+
+    env = os.environ if env is None else env
+    harness_spec(harness)
+    if harness == "gemini-cli":
+        return hs.gemini_home(env) / "settings.json"
+    if harness == "codex":
+        return hs.codex_home(env) / "hooks.json"
+    folder = env.get("CLAUDE_CONFIG_DIR")
+    return (Path(folder).expanduser() if folder else Path(env.get("HOME") or Path.home()) / ".claude") / "settings.json"
+
+
+def scoped_settings_file(project_dir: Path | str, harness: str, scope: str = "project", env=None) -> Path:
+    """The file `hooks install --scope SCOPE` writes: `project` the committed project file; `local` this machine's
+    file for the project (Claude Code's .claude/settings.local.json; Gemini CLI and Codex keep none, so their
+    user-level file); `user` the user-level file."""
+    if scope not in SCOPES:
+        raise UsageError(f"scope must be one of {', '.join(SCOPES)}, not {scope!r}")
+    if scope == "project":
+        return settings_file(project_dir, harness)
+    if scope == "local" and harness == "claude-code":
+        return Path(project_dir) / ".claude" / "settings.local.json"
+    return user_settings_file(harness, env)
+
+
+def hook_files(project_dir: Path | str, harness: str, env=None) -> list[tuple[str, Path]]:
+    """Every file HARNESS reads hooks from for this project, each once, as (scope, path): doctor looks in all."""
+    found: list[tuple[str, Path]] = []
+    for scope in SCOPES:
+        path = scoped_settings_file(project_dir, harness, scope, env)
+        if all(path != p for _s, p in found):
+            found.append((scope, path))
+    return found
+
+
+def scope_program(scope: str) -> list[str]:
+    """The program words a scope's entries run: the committed project file the bare `synapolis` (portable); a
+    file of this machine the absolute path of this synapolis (a virtualenv need not be on the harness's PATH)."""
+    return list(PORTABLE_PROGRAM) if scope == "project" else program_command()
+
+
+def hook_command(harness: str, program: list[str] | None = None) -> str:
+    """`<program> hook HARNESS` (default: this synapolis by its absolute path), quoted for the harness's shell."""
+    return shlex.join([*(program or program_command()), "hook", harness])
+
+
+def with_this_program(command: str, harness: str, program: list[str] | None = None) -> str:
+    """`command` (one of ours) running `program` (default: this synapolis): its program words replaced, its
+    options kept."""
+    program = program or program_command()
     try:
         words = shlex.split(command)
     except ValueError:
-        return hook_command(harness)
+        return hook_command(harness, program)
     end = next((i + 1 for i, w in enumerate(words) if _is_program(w)), None)
-    return shlex.join([*program_command(), *words[end:]]) if end else hook_command(harness)
+    return shlex.join([*program, *words[end:]]) if end else hook_command(harness, program)
 
 
 def _is_program(word: str) -> bool:
@@ -177,11 +228,12 @@ def installed_events(document: dict, harness: str) -> list[str]:
 
 
 def merge_install(document: dict, harness: str, path: Path = Path("settings.json"),
-                  command: str | None = None) -> tuple[dict, list[str], list[str]]:
-    """A copy of `document` with our entry in every event that lacks it, and this synapolis as the program of
-    every entry of ours (its options, such as --state-dir, kept); the events added, those whose command changed."""
+                  command: str | None = None, program: list[str] | None = None) -> tuple[dict, list[str], list[str]]:
+    """A copy of `document` with our entry in every event that lacks it, and `program` (default: this synapolis)
+    as the program of every entry of ours (its options, such as --state-dir, kept); the events added, those whose
+    command changed."""
     spec = harness_spec(harness)
-    command = command or hook_command(harness)
+    command = command or hook_command(harness, program)
     result = copy.deepcopy(document)
     hooks = _hooks_table(result, path)
     present = set(installed_events(result, harness))
@@ -191,7 +243,7 @@ def merge_install(document: dict, harness: str, path: Path = Path("settings.json
             for entry in group.get("hooks", []) if isinstance(group, dict) and isinstance(group.get("hooks"), list) else []:
                 if not (isinstance(entry, dict) and is_our_command(entry.get("command"), harness)):
                     continue
-                current = with_this_program(entry["command"], harness)
+                current = with_this_program(entry["command"], harness, program)
                 if current != entry["command"]:
                     entry["command"] = current
                     if event not in updated:
@@ -261,8 +313,11 @@ def _write(path: Path, document: dict) -> None:
         raise UsageError(f"cannot write {path}: {exc.strerror}") from None
 
 
-def install(harness: str, project_dir: Path | str = ".", *, trust: bool = False, env=None) -> dict:
-    """Merge synapolis's hook entries into HARNESS's project settings file (idempotent).
+def install(harness: str, project_dir: Path | str = ".", *, trust: bool = False, env=None,
+            scope: str = "project") -> dict:
+    """Merge synapolis's hook entries into HARNESS's settings file of `scope` (idempotent): `project` (the default,
+    the committed file, running the portable `synapolis`), `local` or `user` (this machine's, running this
+    synapolis by its absolute path); see scoped_settings_file.
 
     `trust` (Codex only, the user's explicit request) also records the entries as trusted in Codex's
     user config. `notes` say what is left to do before the harness really runs the hooks.
@@ -270,19 +325,49 @@ def install(harness: str, project_dir: Path | str = ".", *, trust: bool = False,
     spec = harness_spec(harness)
     if trust and harness != "codex":
         raise UsageError("--trust is for codex: Claude Code and Gemini CLI keep no per-hook trust")
-    path = settings_file(existing_project(project_dir), harness)
+    path = scoped_settings_file(existing_project(project_dir), harness, scope, env)
+    program = scope_program(scope)
     document = load_settings(path)
-    merged, added, updated = merge_install(document, harness, path)
+    merged, added, updated = merge_install(document, harness, path, program=program)
     if added or updated:
         _write(path, merged)
-    result = {"harness": harness, "settings_file": str(path.absolute()), "command": hook_command(harness),
-              "events": list(spec.events), "added": added, "updated": updated, "changed": bool(added or updated),
-              "notes": [], "trusted": []}
+    result = {"harness": harness, "scope": scope, "settings_file": str(path.absolute()),
+              "command": hook_command(harness, program), "events": list(spec.events), "added": added,
+              "updated": updated, "changed": bool(added or updated), "notes": [], "trusted": []}
     if harness == "gemini-cli":
         result["notes"] = _gemini_notes(Path(project_dir), merged, env)
     elif harness == "codex":
         result["trusted"], result["notes"] = _codex_trust(Path(project_dir), path, merged, trust, env)
+    result["notes"] += _scope_notes(harness, project_dir, scope, path, env)
     return result
+
+
+def _scope_notes(harness: str, project_dir, scope: str, path: Path, env) -> list[str]:
+    """What a scope leaves to the user: the portable command must be on PATH; a second file doubles the hooks."""
+    import shutil
+
+    env = os.environ if env is None else env
+    notes = []
+    if scope == "project" and shutil.which(PORTABLE_PROGRAM[0], path=env.get("PATH")) is None:
+        notes.append(f"{path.name} runs `synapolis` from the harness's PATH (portable, safe to commit), but it is not "
+                     f"on this PATH: put synapolis on PATH, or install this machine's path where it is not committed: "
+                     f"synapolis hooks install {harness} --scope local")
+    if scope == "local" and harness == "claude-code":
+        notes.append(f"{path} is this machine's (Claude Code's personal settings): keep it out of git")
+    others = [p for s, p in hook_files(project_dir, harness, env)
+              if p != path and p.exists() and installed_events(_settings_or_empty(p), harness)]
+    if others:
+        notes.append(f"{', '.join(map(str, others))} also run(s) synapolis hooks: the harness reads every file, "
+                     "so each event would run the hook more than once; keep one "
+                     f"(synapolis hooks uninstall {harness} --scope ...)")
+    return notes
+
+
+def _settings_or_empty(path: Path) -> dict:
+    try:
+        return load_settings(path)
+    except UsageError:
+        return {}
 
 
 def _gemini_notes(project: Path, document: dict, env) -> list[str]:
@@ -330,10 +415,10 @@ def _codex_trust(project: Path, path: Path, document: dict, trust: bool, env) ->
     return trusted, notes
 
 
-def uninstall(harness: str, project_dir: Path | str = ".") -> dict:
-    """Take synapolis's own hook entries out of HARNESS's project settings file; everything else stays."""
+def uninstall(harness: str, project_dir: Path | str = ".", *, scope: str = "project", env=None) -> dict:
+    """Take synapolis's own hook entries out of HARNESS's settings file of `scope`; everything else stays."""
     harness_spec(harness)
-    path = settings_file(project_dir, harness)
+    path = scoped_settings_file(project_dir, harness, scope, env)
     if not path.exists():  # nothing there, not even the project: nothing of ours to take out (as `rm -f`)
         return {"harness": harness, "settings_file": str(path.absolute()), "removed": [], "changed": False}
     document = load_settings(path)

@@ -30,6 +30,9 @@ STATUSES = Literal["active", "idle", "sleeping", "stopped"]
 AgentId = Annotated[str | None, Field(default=None)]
 SessionId = Annotated[str | None, Field(default=None)]
 RunToken = Annotated[str | None, Field(default=None)]
+# a key of the client's choosing: a retry with it answers as the first call did and stores nothing (retries.py)
+IdempotencyKey = Annotated[str | None, Field(default=None, description="Your key for this call (a UUID): a retry "
+                                             "with the same key returns the first answer and stores nothing twice.")]
 
 
 # -- output schemas: the keys callers may rely on (contract §5); more keys pass through -----------------
@@ -201,9 +204,11 @@ def register_tools(server, state: ServerState) -> None:
                              "sender_id: you or your sub-agent.")
     async def signal(to: str, content: str, type: SIGNAL_TYPES = "inform", sender_id: str | None = None,
                      reply_to: str | None = None, agent_id: AgentId = None, session_id: SessionId = None,
-                     run_token: RunToken = None, ctx: Context = None) -> SignalResult:
+                     run_token: RunToken = None, idempotency_key: IdempotencyKey = None,
+                     ctx: Context = None) -> SignalResult:
         who = state.who(ctx, agent_id, session_id, run_token)
-        return await call(actions.signal, who, to, content, type=type, sender_id=sender_id, reply_to=reply_to)
+        return await call(actions.signal, who, to, content, type=type, sender_id=sender_id, reply_to=reply_to,
+                          idempotency_key=idempotency_key)
 
     @server.tool(description="A page of your signals, oldest first (unread only by default), marking nothing read; "
                              "next page: after=next_after. A read-only token reads agent_id's or the session's "
@@ -242,9 +247,10 @@ def register_tools(server, state: ServerState) -> None:
 
     @server.tool(description="Append a note to the session's notes bus.")
     async def note(text: str, agent_id: AgentId = None, session_id: SessionId = None,
-                   run_token: RunToken = None, ctx: Context = None) -> NoteResult:
+                   run_token: RunToken = None, idempotency_key: IdempotencyKey = None,
+                   ctx: Context = None) -> NoteResult:
         who = state.who(ctx, agent_id, session_id, run_token)
-        return await call(actions.note, who, text)
+        return await call(actions.note, who, text, idempotency_key=idempotency_key)
 
     @server.tool(description="The session's agents: status and effective (heartbeat) status.")
     async def list_agents(session_id: SessionId = None, agent_id: AgentId = None, run_token: RunToken = None,

@@ -215,6 +215,21 @@ class Transaction(abc.ABC):
     def count_staged(self) -> int:
         """How many memories are staged."""
 
+    # -- idempotency keys (docs/SIGNALS.md, "Retries and idempotency keys") -------------------------
+    def signal_by_key(self, sender: str, key: str):
+        """The signal `sender` stored with idempotency key `key` (insert_signal / send_signal raise KeyTaken for a
+        second one), or None."""
+        raise NotImplementedError
+
+    def note_by_key(self, agent_id: str, key: str) -> dict | None:
+        """The note (`seq`, `at`, `agent_id`, `text`) `agent_id` appended with idempotency key `key`, or None."""
+        raise NotImplementedError
+
+
+class KeyTaken(Exception):
+    """A signal or note carries an idempotency key its sender has stored already (the unique index says so, on
+    any machine): raised inside the verb's write transaction, which rolls back; retries.py answers the first."""
+
 
 class SessionStore(abc.ABC):
     """One session's shared state, opened: transactions on it, then `close()`."""

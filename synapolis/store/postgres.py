@@ -44,7 +44,9 @@ try:
 except ImportError:  # pragma: no cover - exercised by a test with the driver hidden
     psycopg = None
 
-SCHEMA_VERSION = 9  # each version's script is idempotent: an upgrade runs the whole of it again
+# each version's script is idempotent: an upgrade runs the whole of it again (9: path claims' index and waits, or
+# idempotency keys, on two branches; 10: both, so a database either branch left at 9 is upgraded too)
+SCHEMA_VERSION = 10
 CONNECT_TIMEOUT_S = 5  # libpq's connect_timeout; with busy_timeout_ms the bound of §12 (at most 10 s)
 NOTIFY_CHANNEL = "synapolis_signals"
 POOL_MAX = 8  # connections of a long-lived process's pool
@@ -256,10 +258,12 @@ CREATE TABLE IF NOT EXISTS escalation_events
 -- a send in one round trip (signals.send's steps, in its order; Transaction.send_signal): the audience, the
 -- caller, its token bucket (signals.take_token's maths, the same IEEE doubles), the Lamport value, then the
 -- insert under the session's insert lock (sequence order is commit order), the caller's clock and NOTIFY.
--- Version 8 adds p_reserved (below); version 7's 13-argument function stays for a machine not yet upgraded.
+-- Version 8 adds p_reserved (below), version 9 p_key (the idempotency key, stored with the signal; a second one
+-- of the sender is a unique violation of signals_by_key); the older functions stay for machines not yet upgraded.
 CREATE OR REPLACE FUNCTION synapolis_send(p_session TEXT, p_id TEXT, p_timestamp TEXT, p_sender TEXT,
     p_recipient TEXT, p_type TEXT, p_content TEXT, p_caller TEXT, p_candidates TEXT[], p_rate DOUBLE PRECISION,
-    p_moment DOUBLE PRECISION, p_lock_key TEXT, p_channel TEXT, p_reserved BIGINT) RETURNS JSON LANGUAGE plpgsql
+    p_moment DOUBLE PRECISION, p_lock_key TEXT, p_channel TEXT, p_reserved BIGINT, p_key TEXT) RETURNS JSON
+    LANGUAGE plpgsql
 AS $send$
 DECLARE
     v_rows     JSON;
@@ -311,14 +315,15 @@ BEGIN
     -- such an attempt drew is handed back, and the retry (the next microsecond's id, in this transaction,
     -- under this lock) stores with it: a duplicate leaves no gap in the session's sequence.
     IF p_reserved IS NULL THEN
-        INSERT INTO signals (session_id, id, timestamp, sender, recipient, type, content, lamport, reply_to)
-        VALUES (p_session, p_id, p_timestamp, p_sender, p_recipient, p_type, p_content, v_clock + 1, NULL)
+        INSERT INTO signals (session_id, id, timestamp, sender, recipient, type, content, lamport, reply_to,
+                             idempotency_key)
+        VALUES (p_session, p_id, p_timestamp, p_sender, p_recipient, p_type, p_content, v_clock + 1, NULL, p_key)
         ON CONFLICT (session_id, id) DO NOTHING RETURNING sequence INTO v_sequence;
     ELSE
         INSERT INTO signals (sequence, session_id, id, timestamp, sender, recipient, type, content, lamport,
-                             reply_to) OVERRIDING SYSTEM VALUE
+                             reply_to, idempotency_key) OVERRIDING SYSTEM VALUE
         VALUES (p_reserved, p_session, p_id, p_timestamp, p_sender, p_recipient, p_type, p_content, v_clock + 1,
-                NULL)
+                NULL, p_key)
         ON CONFLICT (session_id, id) DO NOTHING RETURNING sequence INTO v_sequence;
     END IF;
     IF v_sequence IS NULL THEN
@@ -338,6 +343,15 @@ CREATE INDEX IF NOT EXISTS signals_by_recipient ON signals (session_id, recipien
 CREATE INDEX IF NOT EXISTS signals_by_sender ON signals (session_id, recipient, sender, sequence);
 CREATE INDEX IF NOT EXISTS signal_reads_by_agent ON signal_reads (session_id, agent_id, signal_id);
 CREATE INDEX IF NOT EXISTS deliveries_by_agent ON signal_deliveries (session_id, agent_id, delivery_method, offers);
+
+-- version 9: idempotency keys (docs/SIGNALS.md, "Retries and idempotency keys"), stored with the signal or note:
+-- a retry with the same key, from any machine, runs into the unique index and replays the first
+ALTER TABLE signals ADD COLUMN IF NOT EXISTS idempotency_key {_C};
+CREATE UNIQUE INDEX IF NOT EXISTS signals_by_key ON signals (session_id, sender, idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+ALTER TABLE notes ADD COLUMN IF NOT EXISTS idempotency_key {_C};
+CREATE UNIQUE INDEX IF NOT EXISTS notes_by_key ON notes (session_id, agent_id, idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
 """
 
 _COLS = "s.sequence, s.id, s.timestamp, s.sender, s.recipient, s.type, s.content, s.lamport, s.reply_to"
@@ -346,12 +360,12 @@ _UNREAD = (" AND NOT EXISTS (SELECT 1 FROM signal_reads r WHERE r.session_id = s
 _UNDELIVERED = (" AND NOT EXISTS (SELECT 1 FROM signal_deliveries d WHERE d.session_id = s.session_id "
                 "AND d.signal_id = s.id AND d.agent_id = %s)")
 # a send in one call (Transaction.send_signal): session, id, timestamp, sender, recipient, type, content, caller,
-# candidates, rate, moment, insert lock key, NOTIFY channel, reserved sequence
+# candidates, rate, moment, insert lock key, NOTIFY channel, reserved sequence, idempotency key
 SEND_CALL = ("SELECT synapolis_send(%s, %s, %s, %s, %s, %s, %s, %s, %s::text[], %s::float8, %s::float8, %s, %s, "
-             "%s::int8) AS out")
-# the same as the statement each connection prepares at its second send (`_execute_send`), parameters $1 to $14
+             "%s::int8, %s::text) AS out")
+# the same as the statement each connection prepares at its second send (`_execute_send`), parameters $1 to $15
 SEND_STATEMENT_NAME = b"synapolis_send"
-SEND_STATEMENT = (SEND_CALL % tuple(f"${i}" for i in range(1, 15))).encode()
+SEND_STATEMENT = (SEND_CALL % tuple(f"${i}" for i in range(1, 16))).encode()
 _LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 _TRY_LOCK = "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0)) AS got"
 
@@ -589,25 +603,29 @@ class PostgresTransaction(base.Transaction):
         # retry (signals.send: the next microsecond's id, this transaction, this lock) inserts with it, so a
         # duplicate leaves no gap.
         reserved, self._reserved = self._reserved, None
-        columns = "session_id, id, timestamp, sender, recipient, type, content, lamport, reply_to"
+        columns = "session_id, id, timestamp, sender, recipient, type, content, lamport, reply_to, idempotency_key"
         if reserved is None:
             into, values = f"({columns})", ""
         else:
             into, values = f"(sequence, {columns}) OVERRIDING SYSTEM VALUE", "%s::int8, "
-        row = self._one(
-            "WITH locked AS (SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))), "
-            f"stored AS (INSERT INTO signals {into} SELECT {values}%s, %s, %s, %s, %s, %s, %s, %s, %s FROM locked "
-            "ON CONFLICT (session_id, id) DO NOTHING RETURNING sequence), "
-            "clock AS (UPDATE agents SET lamport = %s WHERE session_id = %s AND id = %s AND lamport < %s) "
-            "SELECT s.sequence, CASE WHEN s.sequence IS NULL THEN "
-            "currval(pg_get_serial_sequence('signals', 'sequence')) END AS drawn, "
-            "CASE WHEN s.sequence IS NOT NULL THEN pg_notify(%s, %s) END AS notified "
-            # the LEFT JOIN gives a row either way, read after the INSERT ran (so currval has its number)
-            "FROM (SELECT 1) AS one LEFT JOIN stored s ON true",
-            (_key(self.session_id, "signals"), *([] if reserved is None else [reserved]), self.session_id,
-             signal["id"], signal["timestamp"], signal["sender"], signal["recipient"], signal["type"],
-             signal["content"], signal["lamport"], signal["reply_to"], signal["lamport"], self.session_id, caller,
-             signal["lamport"], NOTIFY_CHANNEL, self.session_id))
+        try:
+            row = self._one(
+                "WITH locked AS (SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))), "
+                f"stored AS (INSERT INTO signals {into} SELECT {values}%s, %s, %s, %s, %s, %s, %s, %s, %s, %s "
+                "FROM locked ON CONFLICT (session_id, id) DO NOTHING RETURNING sequence), "
+                "clock AS (UPDATE agents SET lamport = %s WHERE session_id = %s AND id = %s AND lamport < %s) "
+                "SELECT s.sequence, CASE WHEN s.sequence IS NULL THEN "
+                "currval(pg_get_serial_sequence('signals', 'sequence')) END AS drawn, "
+                "CASE WHEN s.sequence IS NOT NULL THEN pg_notify(%s, %s) END AS notified "
+                # the LEFT JOIN gives a row either way, read after the INSERT ran (so currval has its number)
+                "FROM (SELECT 1) AS one LEFT JOIN stored s ON true",
+                (_key(self.session_id, "signals"), *([] if reserved is None else [reserved]), self.session_id,
+                 signal["id"], signal["timestamp"], signal["sender"], signal["recipient"], signal["type"],
+                 signal["content"], signal["lamport"], signal["reply_to"], signal.get("idempotency_key"),
+                 signal["lamport"], self.session_id, caller, signal["lamport"], NOTIFY_CHANNEL, self.session_id))
+        except psycopg.Error as exc:
+            _key_taken(exc, "signals_by_key", signal.get("idempotency_key"))  # this sender stored it already
+            raise
         if row["sequence"] is None:
             self._reserved = reserved if reserved is not None else int(row["drawn"])
             return None  # that id is stored already
@@ -617,11 +635,17 @@ class PostgresTransaction(base.Transaction):
         return sequence
 
     def send_signal(self, signal, *, caller, candidates, rate, moment):
-        out = json.loads(_execute_send(
-            self.cur.connection,
-            (self.session_id, signal["id"], signal["timestamp"], signal["sender"], signal["recipient"], signal["type"],
-             signal["content"], caller, _text_array(candidates), rate, moment, _key(self.session_id, "signals"),
-             NOTIFY_CHANNEL, self._reserved)))
+        key = signal.get("idempotency_key")
+        try:
+            sent = _execute_send(
+                self.cur.connection,
+                (self.session_id, signal["id"], signal["timestamp"], signal["sender"], signal["recipient"],
+                 signal["type"], signal["content"], caller, _text_array(candidates), rate, moment,
+                 _key(self.session_id, "signals"), NOTIFY_CHANNEL, self._reserved, key))
+        except psycopg.Error as exc:
+            _key_taken(exc, "signals_by_key", key)
+            raise
+        out = json.loads(sent)
         # an id stored already: signals.send retries with the next microsecond's id, which takes the number
         # this attempt drew (see synapolis_send)
         self._reserved = out.get("reserved")
@@ -764,6 +788,23 @@ class PostgresTransaction(base.Transaction):
     def count_staged(self):
         return int(self._one("SELECT COUNT(*) AS n FROM staged_memories WHERE session_id = %s",
                              (self.session_id,))["n"])
+
+    # -- idempotency keys --------------------------------------------------------------------------
+    def signal_by_key(self, sender, key):
+        return self._one(f"SELECT {_COLS} FROM signals s WHERE s.session_id = %s AND s.sender = %s "
+                         "AND s.idempotency_key = %s", (self.session_id, sender, key))
+
+    def note_by_key(self, agent_id, key):
+        row = self._one("SELECT seq, at, agent_id, text FROM notes WHERE session_id = %s AND agent_id = %s "
+                        "AND idempotency_key = %s", (self.session_id, agent_id, key))
+        return None if row is None else {"seq": int(row["seq"]), "at": row["at"], "agent_id": row["agent_id"],
+                                         "text": row["text"]}
+
+
+def _key_taken(exc, index: str, key) -> None:
+    """KeyTaken for a unique violation of `index` (signals_by_key, notes_by_key: the key is stored already)."""
+    if key is not None and isinstance(exc, pg_errors.UniqueViolation) and index in str(exc):
+        raise base.KeyTaken(key) from None
 
 
 class ClaimSlot:
@@ -1376,12 +1417,17 @@ class PostgresStore(base.Store):
         from ..board import check_note
         from ..timeutil import format_ts
 
-        def add(tx, agent_id, text, now):
+        def add(tx, agent_id, text, now, key=None):
             check_note(text, self.ws.config)
             tx.exclusive("notes")  # seq = the last + 1, one appender at a time; in the verb's transaction
-            tx.cur.execute("INSERT INTO notes (session_id, seq, at, agent_id, text) SELECT %s, "
-                           "COALESCE(max(seq), 0) + 1, %s, %s, %s FROM notes WHERE session_id = %s RETURNING seq",
-                           (session_id, format_ts(now, micro=True), agent_id, text, session_id))
+            try:
+                tx.cur.execute("INSERT INTO notes (session_id, seq, at, agent_id, text, idempotency_key) "
+                               "SELECT %s, COALESCE(max(seq), 0) + 1, %s, %s, %s, %s FROM notes WHERE session_id = %s "
+                               "RETURNING seq",
+                               (session_id, format_ts(now, micro=True), agent_id, text, key, session_id))
+            except psycopg.Error as exc:
+                _key_taken(exc, "notes_by_key", key)  # this agent appended a note with this key already
+                raise
             seq = int(tx.cur.fetchone()["seq"])
             tx.cur.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, session_id))
             return {"seq": seq, "at": format_ts(now, micro=True), "agent_id": agent_id, "text": text}

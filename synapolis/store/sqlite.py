@@ -17,7 +17,7 @@ from ..paths import SESSION_CHANGES
 from . import base
 
 # 2: run tokens are kept as their SHA-256 (identity.hash_token), and the files are private (0600/0700)
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: idempotency keys (_IDEMPOTENCY_SCHEMA), added to a store of any older version
 # session.db, its -wal and -shm hold every agent's signals and (hashed) run token: only their owner may
 # read them, from the moment they exist (SQLite gives -wal and -shm the mode of the database file)
 PRIVATE_FILE = 0o600
@@ -111,6 +111,21 @@ CREATE TABLE IF NOT EXISTS rate_buckets
 CREATE INDEX IF NOT EXISTS signals_by_recipient ON signals (recipient, sequence);
 CREATE INDEX IF NOT EXISTS signal_reads_by_agent ON signal_reads (agent_id, signal_id);
 CREATE INDEX IF NOT EXISTS deliveries_by_agent ON signal_deliveries (agent_id, delivery_method, offers);
+"""
+
+# version 3: idempotency keys (docs/SIGNALS.md, "Retries and idempotency keys"): a signal's with the signal, unique
+# per sender; a note's beside it (the note itself is in notes.jsonl), unique per agent
+_IDEMPOTENCY_SCHEMA = """
+ALTER TABLE signals ADD COLUMN idempotency_key TEXT;
+CREATE UNIQUE INDEX IF NOT EXISTS signals_by_key ON signals (sender, idempotency_key) WHERE idempotency_key IS NOT NULL;
+CREATE TABLE IF NOT EXISTS note_keys
+(
+    agent_id   TEXT NOT NULL,
+    key        TEXT NOT NULL,
+    note       TEXT NOT NULL,
+    created_at TIMESTAMP NOT NULL,
+    PRIMARY KEY (agent_id, key)
+) WITHOUT ROWID;
 """
 
 
@@ -292,11 +307,17 @@ class SqliteTransaction(base.Transaction):
         # looked up first: an ignored INSERT would still use up an AUTOINCREMENT number
         if self.conn.execute("SELECT 1 FROM signals WHERE id = ?", (signal["id"],)).fetchone() is not None:
             return None
-        cursor = self.conn.execute(
-            "INSERT INTO signals (id, timestamp, sender, recipient, type, content, lamport, reply_to) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (signal["id"], signal["timestamp"], signal["sender"],
-                                                signal["recipient"], signal["type"], signal["content"],
-                                                signal["lamport"], signal["reply_to"]))
+        key = signal.get("idempotency_key")
+        try:
+            cursor = self.conn.execute(
+                "INSERT INTO signals (id, timestamp, sender, recipient, type, content, lamport, reply_to, "
+                "idempotency_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (signal["id"], signal["timestamp"], signal["sender"], signal["recipient"], signal["type"],
+                 signal["content"], signal["lamport"], signal["reply_to"], key))
+        except sqlite3.IntegrityError:
+            if key is not None and self.signal_by_key(signal["sender"], key) is not None:
+                raise base.KeyTaken(key) from None  # signals_by_key: this sender stored it already
+            raise
         if caller is not None:
             self.raise_lamport(caller, signal["lamport"])
         if self.changes is not None:
@@ -494,6 +515,27 @@ class SqliteTransaction(base.Transaction):
     def count_staged(self):
         return int(self.conn.execute("SELECT COUNT(*) FROM staged_memories").fetchone()[0])
 
+    # -- idempotency keys ----------------------------------------------------------------------------
+    def signal_by_key(self, sender, key):
+        return self.conn.execute(f"SELECT {_COLS} FROM signals s WHERE s.sender = ? AND s.idempotency_key = ?",
+                                 (sender, key)).fetchone()
+
+    def remember_note(self, agent_id, key, record, stamp):
+        """A note's key (its line is in notes.jsonl, outside this database): KeyTaken when stored already."""
+        import json
+
+        cursor = self.conn.execute("INSERT INTO note_keys (agent_id, key, note, created_at) VALUES (?, ?, ?, ?) "
+                                   "ON CONFLICT DO NOTHING", (agent_id, key, json.dumps(record, ensure_ascii=False),
+                                                              stamp))
+        if cursor.rowcount == 0:
+            raise base.KeyTaken(key)
+
+    def note_by_key(self, agent_id, key):
+        import json
+
+        row = self.conn.execute("SELECT note FROM note_keys WHERE agent_id = ? AND key = ?", (agent_id, key)).fetchone()
+        return None if row is None else json.loads(row["note"])
+
 
 class SessionStore(base.SessionStore):
     """An open connection to one session's database; use `write()` and `read()` for transactions."""
@@ -558,6 +600,11 @@ class SessionStore(base.SessionStore):
                     conn.execute(statement)
             if version < 2:
                 _hash_clear_tokens(conn)
+            if version < 3:
+                has_key = any(row[1] == "idempotency_key" for row in conn.execute("PRAGMA table_info(signals)"))
+                for statement in _statements(_IDEMPOTENCY_SCHEMA):
+                    if not (has_key and statement.lstrip().startswith("ALTER TABLE")):
+                        conn.execute(statement)  # (has_key: a store marked older than it is)
             if version < SCHEMA_VERSION:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         if migrating:

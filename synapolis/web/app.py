@@ -212,10 +212,13 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
             kind = _field(form, "kind") or "note"
             if kind not in ("note", "signal"):  # a typo must not post the form's text as a note
                 raise UsageError(f"kind must be note or signal, not {kind!r}")
+            key = _field(form, "idempotency_key") or None  # the page sets one per post (dashboard.html)
             if kind == "signal":
                 return poster.post(principal.name, principal.agent_id, session_id, to=_field(form, "to"),
-                                   content=_field(form, "content"), type=_field(form, "type") or "inform")
-            return poster.post(principal.name, principal.agent_id, session_id, note=_field(form, "text"))
+                                   content=_field(form, "content"), type=_field(form, "type") or "inform",
+                                   idempotency_key=key)
+            return poster.post(principal.name, principal.agent_id, session_id, note=_field(form, "text"),
+                               idempotency_key=key)
 
         return JSONResponse(await anyio.to_thread.run_sync(post))
 
