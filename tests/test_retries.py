@@ -346,19 +346,27 @@ def test_under_a_lock_holder_every_exit_8_is_retried_with_its_key_and_nothing_do
 
 # -- the dashboard: a post sent again with the page's key -----------------------------------------------------
 
-def test_a_dashboard_post_sent_again_with_its_key_is_stored_once(served, cli):
+@pytest.mark.parametrize("pinned", [None, "alice"], ids=["a-person", "a-pinned-token"])
+def test_a_dashboard_post_sent_again_with_its_key_is_stored_once(served, cli, pinned):
     import httpx2
 
     session = json.loads(cli("start", "--agent-id", "alice", "--json").stdout)["session_id"]
-    token = served.token("team")
+    token = served.token("team", *(["--agent", pinned] if pinned else []))
     with httpx2.Client(base_url=served.url, timeout=30, headers={"authorization": f"Bearer {token}"}) as http:
         for form in ({"kind": "note", "text": "posted twice"},
                      {"kind": "signal", "to": "alice", "content": "signalled twice", "text": "signalled twice"}):
-            answers = [http.post("/api/post", data={**form, "session_id": session, "agent_id": "dave",
+            answers = [http.post("/api/post", data={**form, "session_id": session,
                                                     "idempotency_key": "page-key-" + form["kind"]})
                        for _ in range(2)]
             assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
-            assert answers[1].json()["replayed"] is True
+            assert "replayed" not in answers[0].json() and answers[1].json()["replayed"] is True
+            first, again = (a.json().get("note") or a.json()["signal"] for a in answers)
+            assert first["id" if "id" in first else "seq"] == again["id" if "id" in again else "seq"]
+            assert (first.get("person") == "team") == (pinned is None)
+        # the same key for another post is a conflict, not a replay
+        other = http.post("/api/post", data={"kind": "note", "text": "something else", "session_id": session,
+                                             "idempotency_key": "page-key-note"})
+        assert other.status_code == 409 and other.json()["error"]["type"] == "ConflictError", other.text
     ws = Workspace.open(served.state_dir)
     assert len(_notes(ws, Who("alice", session), "posted twice")) == 1
     assert len(_signals(ws, session, "signalled twice")) == 1
