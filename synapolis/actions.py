@@ -603,12 +603,28 @@ def claim(ws, who: Who | None, item: str, *, ttl_s: float | None = None, wait_s:
     with as_agent(ws, who, env=env, piggyback=piggyback, need_session=False, need_registration=False,
                   now=now) as call:
         call.beat_now()  # first: a refresh that fails (a full disk) leaves the claim untouched
-        record = claims.claim(ws, item, call.agent_id, session_id=call.session_id, ttl_s=ttl_s, wait_s=wait_s,
-                              now=now)
+        try:
+            record = claims.claim(ws, item, call.agent_id, session_id=call.session_id, ttl_s=ttl_s,
+                                  wait_s=wait_s, now=now)
+        except ConflictError as exc:
+            if "cycle" in exc.details:
+                _tell_deadlock(ws, call.agent_id, item, exc)
+            raise
         # the claim happened: a busy store only costs the piggyback, never the verb's exit code
         answer = dict(record)
         answer["overlaps"] = list(getattr(record, "overlaps", []))
         return call.finish({"claim": answer, "event": getattr(record, "event", None)}, best_effort=True)
+
+
+def _tell_deadlock(ws, agent_id: str, item: str, refused) -> None:
+    """Hand the refused wait's cycle to the notify targets (contract §15: io.synapolis.claims.deadlock)."""
+    from . import notify
+
+    cycle = refused.details["cycle"]
+    who = ", ".join(step["agent_id"] for step in cycle)
+    notify.emit(ws, notify.CLAIMS_DEADLOCK, item, {"agent_id": agent_id, "item": item, "cycle": cycle},
+                line=f"claim of {item} by {agent_id} refused: waiting would deadlock ({who}); "
+                     f"one of them must release: synapolis claims --json")
 
 
 def _item(ws, item):

@@ -219,3 +219,38 @@ def test_non_ascii_lines_survive_each_format(receiver, fmt):
     assert deliver({"url": receiver.url("/u"), "format": fmt}, msg)["ok"]
     body = receiver.at("/u")[0]["body"].decode("utf-8")
     assert "agent-ü" in (json.loads(body)["subject"] if fmt == "cloudevents" else body)
+
+
+def test_a_wait_refused_as_a_deadlock_is_told_as_a_cloudevent(ws, receiver, state_dir, tmp_path):
+    """§14 + §15: the claim --wait that would close a cycle is refused at once, and the targets hear of it."""
+    from synapolis import claims
+    from synapolis.heartbeat import write_heartbeat
+
+    ws = configure(ws, notify=targets(receiver, ("/ce", "cloudevents", None), ("/slack", "slack", [notify.CLAIMS_DEADLOCK]),
+                                      ("/only-incidents", "slack", ["io.synapolis.incident.opened"])))
+    for agent in ("alice", "bob"):
+        write_heartbeat(ws.paths, agent)  # live holders: a claim of a holder with no heartbeat is free
+    claims.claim(ws, "ticket:1", "alice")
+    claims.claim(ws, "ticket:2", "bob")
+    alice = subprocess.Popen(synapolis_cmd(state_dir, "claim", "ticket:2", "--agent-id", "alice", "--wait", "60"),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
+    try:
+        def alice_waits():
+            listed = subprocess.run(synapolis_cmd(state_dir, "claims", "--json"), capture_output=True, text=True,
+                                    env=clean_env(), timeout=30)
+            return [w for w in json.loads(listed.stdout)["waiting"] if w["agent_id"] == "alice"]
+        wait_until(alice_waits, 30, "alice recorded as a waiter")
+        bob = subprocess.run(synapolis_cmd(state_dir, "claim", "ticket:1", "--agent-id", "bob", "--wait", "60",
+                                           "--json"), capture_output=True, text=True, env=clean_env(), timeout=30)
+        assert bob.returncode == 3 and "deadlock" in bob.stderr
+        wait_until(lambda: receiver.at("/ce") and receiver.at("/slack"), 15, "the deadlock told")
+        (ce,) = receiver.at("/ce")
+        event = json.loads(ce["body"])
+        assert event["type"] == "io.synapolis.claims.deadlock" and event["subject"] == "ticket:1"
+        assert [step["agent_id"] for step in event["data"]["cycle"]] == ["bob", "alice"]
+        text = json.loads(receiver.at("/slack")[0]["body"])["text"]
+        assert "deadlock" in text and "bob" in text and "alice" in text
+        assert receiver.at("/only-incidents") == []  # the event filter
+    finally:
+        alice.kill()
+        alice.wait(timeout=10)
