@@ -191,6 +191,13 @@ def _is_busy(exc: BaseException) -> bool:
     return "locked" in text or "busy" in text
 
 
+_INSERT_SIGNAL = ("INSERT INTO signals (id, timestamp, sender, recipient, type, content, lamport, reply_to) "
+                  "SELECT ?, ?, ?, ?, ?, ?, ?, ? WHERE NOT EXISTS (SELECT 1 FROM signals WHERE id = ?)")
+# signals.take_token's arithmetic in SQL (both IEEE doubles): refill at `rate / 60` a second up to `rate`,
+# spend one; RETURNING gives no row when the WHERE kept the update out (fewer than one token)
+_SPEND_TOKEN = ("INSERT INTO rate_buckets (agent_id, tokens, updated_at) VALUES (?, ?, ?) ON CONFLICT(agent_id) "
+                "DO UPDATE SET tokens = min(?, tokens + max(0.0, ? - updated_at) * ?) - 1.0, updated_at = ? "
+                "WHERE min(?, tokens + max(0.0, ? - updated_at) * ?) >= 1.0 RETURNING tokens")
 _COLS = "s.sequence, s.id, s.timestamp, s.sender, s.recipient, s.type, s.content, s.lamport, s.reply_to"
 _UNREAD = " AND NOT EXISTS (SELECT 1 FROM signal_reads r WHERE r.signal_id = s.id AND r.agent_id = ?)"
 _UNDELIVERED = " AND NOT EXISTS (SELECT 1 FROM signal_deliveries d WHERE d.signal_id = s.id AND d.agent_id = ?)"
@@ -289,19 +296,55 @@ class SqliteTransaction(base.Transaction):
         return int(self.conn.execute("SELECT COALESCE(max(lamport), 0) FROM signals").fetchone()[0])
 
     def insert_signal(self, signal, caller=None):
-        # looked up first: an ignored INSERT would still use up an AUTOINCREMENT number
-        if self.conn.execute("SELECT 1 FROM signals WHERE id = ?", (signal["id"],)).fetchone() is not None:
+        # one statement: the NOT EXISTS finds a stored id by its unique index, and a signal it keeps out never
+        # reaches the insert (an ignored INSERT, OR IGNORE or ON CONFLICT, would still use up an AUTOINCREMENT
+        # number: a gap in the sequence)
+        cursor = self.conn.execute(_INSERT_SIGNAL, (signal["id"], signal["timestamp"], signal["sender"],
+                                                    signal["recipient"], signal["type"], signal["content"],
+                                                    signal["lamport"], signal["reply_to"], signal["id"]))
+        if cursor.rowcount != 1:
             return None
-        cursor = self.conn.execute(
-            "INSERT INTO signals (id, timestamp, sender, recipient, type, content, lamport, reply_to) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (signal["id"], signal["timestamp"], signal["sender"],
-                                                signal["recipient"], signal["type"], signal["content"],
-                                                signal["lamport"], signal["reply_to"]))
         if caller is not None:
             self.raise_lamport(caller, signal["lamport"])
         if self.changes is not None:
             self._count_change()
         return cursor.lastrowid
+
+    # signals.send in the fewest statements (the checks and the id stay in signals.py): the audience and
+    # the caller's row, the token, the insert, the caller's clock; a refusal before anything is written
+    offers_send_signal = sqlite3.sqlite_version_info >= (3, 35, 0)  # RETURNING; older: one operation each
+
+    def send_signal(self, signal, *, caller, candidates, rate, moment):
+        conn = self.conn
+        if candidates is None:
+            # a broadcast reaches everyone but the sender and the agents it is a sub-agent of: its own
+            # chain of ids, excluded by the primary key; only the three fields the audience reads
+            parts = signal["sender"].split(".")
+            chain = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+            rows = conn.execute(f"SELECT id, status, last_heartbeat FROM agents WHERE id NOT IN "
+                                f"({','.join('?' * len(chain))}) ORDER BY id", chain).fetchall()
+            mine = conn.execute("SELECT lamport FROM agents WHERE id = ?", (caller,)).fetchone() if caller else None
+        else:
+            wanted = candidates if caller is None or caller in candidates else [*candidates, caller]
+            found = conn.execute("SELECT id, status, last_heartbeat, lamport FROM agents WHERE id IN "
+                                 f"({','.join('?' * len(wanted))}) ORDER BY id", wanted).fetchall()
+            rows = [r for r in found if r["id"] in candidates]
+            if not rows:
+                return {"refused": "recipient"}
+            mine = next((r for r in found if r["id"] == caller), None)
+        if caller is not None and mine is None:
+            return {"refused": "caller"}
+        if rate is not None:
+            # the bucket refilled to `moment` and one token spent in one statement; none returned: empty
+            spent = conn.execute(_SPEND_TOKEN, (caller, rate - 1.0, moment, rate, moment, rate / 60.0, moment,
+                                                rate, moment, rate / 60.0)).fetchone()
+            if spent is None:
+                row = self.rate_bucket(caller)
+                tokens = min(rate, row["tokens"] + max(0.0, moment - row["updated_at"]) * rate / 60.0)
+                return {"refused": "rate", "tokens": tokens}
+        lamport = (int(mine["lamport"]) if caller is not None else self.max_lamport()) + 1
+        signal = dict(signal, lamport=lamport)
+        return {"sequence": self.insert_signal(signal, caller), "lamport": lamport, "rows": rows}
 
     def _count_change(self) -> None:
         """Bump the change counter before the commit, under the write lock: whoever reads the counter and then
@@ -504,6 +547,7 @@ class SessionStore(base.SessionStore):
         self.busy_timeout_ms = busy_timeout_ms
         self._lock = _thread.RLock()  # what threading.RLock() builds, without importing threading
         self._wrote = False
+        self._changes = changes_path(self.path)  # worked out once, not on every write transaction
         try:
             # isolation_level=None: we issue BEGIN/COMMIT ourselves; timeout is SQLite's busy timeout.
             self._conn = sqlite3.connect(str(self.path), timeout=busy_timeout_ms / 1000.0,
@@ -655,7 +699,7 @@ class _InTransaction:
         if not self.writes:
             return SqliteTransaction(store._conn, store.session_id)
         store._wrote = True
-        return SqliteTransaction(store._conn, store.session_id, changes_path(store.path))
+        return SqliteTransaction(store._conn, store.session_id, store._changes)
 
     def __exit__(self, kind, value, traceback) -> None:
         store = self.store
