@@ -91,8 +91,8 @@ def alternate(sides: dict, runs: int, chunk: int = 5) -> dict:
 
 def inbox_session(root: Path, url: str | None, total: int) -> tuple[Workspace, str]:
     """alice, bob, carol and dave; `total` signals. bob's inbox holds 40 unread spread over the whole history
-    (to bob, to his sub-agents bob.x and bob.y.z, alice's broadcasts); the rest is the others' traffic, a
-    tenth of it broadcasts, and bob's own broadcasts, which he never sees (the visibility rules' case)."""
+    (to bob, to his sub-agents bob.x and bob.y.z, alice's broadcasts); the rest is the others' traffic and, a
+    fifth of it, broadcasts from bob and his sub-agent bob.x, which bob never sees (the visibility rules)."""
     ws = workspace(root, url)
     sid = actions.start(ws, agent_id="alice", env={}, write_identity=False)["session_id"]
     for name in ("bob", "carol", "dave"):
@@ -103,9 +103,11 @@ def inbox_session(root: Path, url: str | None, total: int) -> tuple[Workspace, s
         for i in range(total):
             if i in mine:
                 sender, to = "alice", ("bob", "bob.x", "*", "bob.y.z")[i % 4]
+            elif i % 10 < 2:  # broadcasts bob does not see: his own and his sub-agent's
+                sender, to = ("bob", "bob.x")[i % 2], "*"
             else:
                 sender = ("carol", "dave", "bob", "alice")[i % 4]
-                to = "*" if i % 10 < 2 else ("dave" if sender == "carol" else "carol")
+                to = "dave" if sender == "carol" else "carol"
             stamp = format_ts(base + timedelta(microseconds=i), micro=True)
             content = f"signal {i} for {to}"
             tx.insert_signal({"id": signal_id(sender, to, "inform", content, stamp), "timestamp": stamp,

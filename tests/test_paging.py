@@ -108,20 +108,54 @@ def test_inbox_resource_marks_exactly_the_page_it_returns(backlog, db_rows):
                                                                           signals.PAGE_LIMIT + 55)]
 
 
-def test_inbox_query_uses_the_recipient_index_for_sub_agents(backlog):
-    """The plan of a page: every branch a SEARCH of signals_by_recipient, never a walk of the table."""
+def test_inbox_query_uses_the_recipient_index_for_sub_agents(backlog, start_agent):
+    """The plan of a page: every branch a SEARCH of an index in sequence order, never a walk of the table; the
+    broadcasts one branch per other sender (signals_broadcasts_by_sender), so the reader's own broadcasts and
+    its sub-agents', which it never sees, are not read at all (issue 31)."""
     ws, sid = backlog(50, to="alice")  # signals to somebody else
+    for name in ("bob.x", "carol"):
+        start_agent(name, session_id=sid)
     with SessionStore.open(ws, sid) as store, store.write() as conn:
         for to in ("bob.x", "bob.y.z"):
             signals.send(conn, caller="alice", recipient=to, content="hi", config=ws.config, now=NOW,
                          rate_limited=False)
+        for sender in ("bob", "bob.x", "bob", "carol"):
+            signals.send(conn, caller=sender, recipient="*", content=f"all from {sender}", config=ws.config,
+                         now=NOW, rate_limited=False)
         inner, args = conn._visible_select("bob", 0, 0, True, False)  # the SQLite store's inbox query
         plan = [r[3] for r in conn.conn.execute(f"EXPLAIN QUERY PLAN {inner} ORDER BY sequence LIMIT 21", args)]
         found = signals.page(conn, "bob", limit=20)
     searches = [p for p in plan if p.startswith(("SEARCH s", "SCAN s"))]
-    assert len(searches) == 4, plan  # broadcasts, bob, bob.x, bob.y.z
-    assert all("USING INDEX signals_by_recipient" in p and "rowid" not in p for p in searches), plan
-    assert [s["recipient"] for s in found["signals"]] == ["bob.x", "bob.y.z"]
+    assert len(searches) == 4, plan  # carol's broadcasts, bob, bob.x, bob.y.z
+    assert "USING INDEX signals_broadcasts_by_sender (sender=? AND sequence>?)" in searches[0], plan
+    assert all("USING INDEX signals_by_recipient" in p and "rowid" not in p for p in searches[1:]), plan
+    assert [s["recipient"] for s in found["signals"]] == ["bob.x", "bob.y.z", "*"]
+    assert found["signals"][-1]["sender"] == "carol"
+
+
+def test_a_schema_2_store_gets_the_broadcast_index_when_opened(ws, start_agent):
+    """A session.db an older synapolis made (schema 2, no signals_broadcasts_by_sender) is migrated when opened:
+    the index is built over the broadcasts it holds and the inbox finds them through it."""
+    import sqlite3
+
+    from synapolis import store
+
+    sid = start_agent("alice")["session_id"]
+    start_agent("bob", session_id=sid)
+    actions.signal(ws, Who("alice", sid), "*", "before the upgrade", env={}, now=NOW)
+    path = ws.files.session_db(sid)
+    store.close_all()  # the process's pooled store must not keep the schema it read
+    old = sqlite3.connect(path)
+    old.execute("DROP INDEX signals_broadcasts_by_sender")
+    old.execute("PRAGMA user_version = 2")
+    old.commit()
+    old.close()
+    page = actions.read_signals(ws, Who("bob", sid), env={}, now=NOW)
+    assert [s["content"] for s in page["signals"]] == ["before the upgrade"]
+    check = sqlite3.connect(path)
+    assert check.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 3
+    assert check.execute("SELECT name FROM sqlite_master WHERE name = 'signals_broadcasts_by_sender'").fetchone()
+    check.close()
 
 
 def test_read_notes_pages_back_with_before_and_a_budget(ws, start_agent):

@@ -17,11 +17,17 @@ from ..paths import SESSION_CHANGES
 from . import base
 
 # 2: run tokens are kept as their SHA-256 (identity.hash_token), and the files are private (0600/0700)
-SCHEMA_VERSION = 2
+# 3: the broadcasts' index by sender (signals_broadcasts_by_sender)
+SCHEMA_VERSION = 3
 # session.db, its -wal and -shm hold every agent's signals and (hashed) run token: only their owner may
 # read them, from the moment they exist (SQLite gives -wal and -shm the mode of the database file)
 PRIVATE_FILE = 0o600
 PRIVATE_DIR = 0o700
+
+# Schema 3: a reader's inbox takes the broadcasts of each other sender from this index, in sequence order, so
+# it never walks the broadcasts of its own family (its own and its sub-agents', which it does not see)
+_BROADCASTS_INDEX = ("CREATE INDEX IF NOT EXISTS signals_broadcasts_by_sender ON signals (sender, sequence) "
+                     "WHERE recipient = '*'")
 
 # EP-0118 §3's five tables exactly as written (names, columns, CHECKs), then our additions.
 # Timestamps we write are RFC 3339 UTC with microseconds (`2026-06-02T10:09:24.123456Z`): fixed
@@ -111,7 +117,7 @@ CREATE TABLE IF NOT EXISTS rate_buckets
 CREATE INDEX IF NOT EXISTS signals_by_recipient ON signals (recipient, sequence);
 CREATE INDEX IF NOT EXISTS signal_reads_by_agent ON signal_reads (agent_id, signal_id);
 CREATE INDEX IF NOT EXISTS deliveries_by_agent ON signal_deliveries (agent_id, delivery_method, offers);
-"""
+""" + "\n" + _BROADCASTS_INDEX + ";\n"
 
 
 def create_private(path: str) -> None:
@@ -220,12 +226,13 @@ class SqliteTransaction(base.Transaction):
     """A transaction on one session.db; `execute`/`executemany` reach the connection itself (tests and
     tools that inspect the SQLite file; the protocol code uses only the interface)."""
 
-    __slots__ = ("conn", "session_id", "changes")
+    __slots__ = ("conn", "session_id", "changes", "_senders")
 
     def __init__(self, conn, session_id: str, changes: str | None = None):
         self.conn = conn
         self.session_id = session_id
         self.changes = changes  # the session's change counter (changes_path); None in a read transaction
+        self._senders = {}  # _broadcast_senders by reader, for this transaction (an insert forgets them)
 
     def execute(self, sql, args=()):
         return self.conn.execute(sql, args)
@@ -304,6 +311,7 @@ class SqliteTransaction(base.Transaction):
                                                     signal["lamport"], signal["reply_to"], signal["id"]))
         if cursor.rowcount != 1:
             return None
+        self._senders.clear()
         if caller is not None:
             self.raise_lamport(caller, signal["lamport"])
         if self.changes is not None:
@@ -406,6 +414,41 @@ class SqliteTransaction(base.Transaction):
             last = row[0] + "\x00"  # the next recipient after this one (ids never hold NUL)
         return None
 
+    MAX_BROADCAST_SEEKS = 64  # senders of broadcasts served by one branch each; more: one walk of them all
+
+    def _broadcast_senders(self, agent_id):
+        """The distinct senders of broadcasts the reader sees (all but itself and its sub-agents), each found by
+        one seek of signals_broadcasts_by_sender; None when there are more than MAX_BROADCAST_SEEKS."""
+        if agent_id in self._senders:
+            return self._senders[agent_id]
+        lo, hi = _family(agent_id)
+        found, last = [], ""
+        while found is not None:
+            row = self.conn.execute("SELECT sender FROM signals INDEXED BY signals_broadcasts_by_sender "
+                                    "WHERE recipient = '*' AND sender > ? ORDER BY sender LIMIT 1", (last,)).fetchone()
+            if row is None:
+                break
+            last = row[0]
+            if lo < last < hi:
+                last = hi  # the reader's sub-agents: past all of them in one seek
+            elif last != agent_id:
+                found.append(last)
+                if len(found) > self.MAX_BROADCAST_SEEKS:
+                    found = None
+        self._senders[agent_id] = found
+        return found
+
+    def _broadcast_branches(self, agent_id, bfloor):
+        """The broadcast part of `_visible_select`: one branch per other sender (each an index range in sequence
+        order), or, past MAX_BROADCAST_SEEKS senders, one walk of every broadcast skipping the reader's family
+        (then a small share of them: the reader is one of that many senders)."""
+        senders = self._broadcast_senders(agent_id)
+        if senders is None:
+            lo, hi = _family(agent_id)
+            return [("s.recipient = '*' AND s.sequence > ? AND s.sender != ? AND NOT (s.sender > ? AND s.sender < ?)",
+                     [bfloor, agent_id, lo, hi])]
+        return [("s.recipient = '*' AND s.sender = ? AND s.sequence > ?", [who, bfloor]) for who in senders]
+
     def _visible_select(self, agent_id, bfloor, dfloor, unread, undelivered, below=None):
         """The visible signals after the floors (and before `below`), as a UNION ALL each branch of which
         an index serves.
@@ -423,11 +466,7 @@ class SqliteTransaction(base.Transaction):
             extra, extra_args = extra + _UNREAD, extra_args + [agent_id]
         if undelivered:
             extra, extra_args = extra + _UNDELIVERED, extra_args + [agent_id]
-        branches = [
-            ("s.recipient = '*' AND s.sequence > ? AND s.sender != ? AND NOT (s.sender > ? AND s.sender < ?)",
-             [bfloor, agent_id, lo, hi]),
-            ("s.recipient = ? AND s.sequence > ?", [agent_id, dfloor]),
-        ]
+        branches = [*self._broadcast_branches(agent_id, bfloor), ("s.recipient = ? AND s.sequence > ?", [agent_id, dfloor])]
         family = self._family_recipients(agent_id)
         if family is None:
             branches.append(("s.recipient > ? AND s.recipient < ? AND s.sequence > ?", [lo, hi, dfloor]))
@@ -435,7 +474,12 @@ class SqliteTransaction(base.Transaction):
             branches += [("s.recipient = ? AND s.sequence > ?", [who, dfloor]) for who in family]
         sql, args = [], []
         for where, params in branches:
-            source = "signals s INDEXED BY signals_by_recipient" if where.startswith("s.recipient >") else "signals s"
+            if where.startswith("s.recipient >"):
+                source = "signals s INDEXED BY signals_by_recipient"
+            elif where.startswith("s.recipient = '*' AND s.sender ="):
+                source = "signals s INDEXED BY signals_broadcasts_by_sender"
+            else:
+                source = "signals s"
             sql.append(f"SELECT {_COLS} FROM {source} WHERE {where}{extra}")
             args += params + extra_args
         return " UNION ALL ".join(sql), args
@@ -466,8 +510,13 @@ class SqliteTransaction(base.Transaction):
     def latest_visible_sequence(self, agent_id):
         lo, hi = _family(agent_id)
         family = self._family_recipients(agent_id)
-        queries = [("SELECT sequence FROM signals WHERE recipient = '*' AND sender != ? "
-                    "AND NOT (sender > ? AND sender < ?) ORDER BY sequence DESC LIMIT 1", (agent_id, lo, hi))]
+        senders = self._broadcast_senders(agent_id)
+        if senders is None:
+            queries = [("SELECT sequence FROM signals WHERE recipient = '*' AND sender != ? "
+                        "AND NOT (sender > ? AND sender < ?) ORDER BY sequence DESC LIMIT 1", (agent_id, lo, hi))]
+        else:
+            queries = [("SELECT max(sequence) FROM signals INDEXED BY signals_broadcasts_by_sender "
+                        "WHERE recipient = '*' AND sender = ?", (who,)) for who in senders]
         queries += [("SELECT max(sequence) FROM signals WHERE recipient = ?", (who,))
                     for who in [agent_id, *(family or [])]]
         if family is None:
@@ -602,6 +651,8 @@ class SessionStore(base.SessionStore):
                     conn.execute(statement)
             if version < 2:
                 _hash_clear_tokens(conn)
+            if version < 3:
+                conn.execute(_BROADCASTS_INDEX)
             if version < SCHEMA_VERSION:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         if migrating:
