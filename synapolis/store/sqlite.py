@@ -198,7 +198,7 @@ def _is_busy(exc: BaseException) -> bool:
 
 
 _INSERT_SIGNAL = ("INSERT INTO signals (id, timestamp, sender, recipient, type, content, lamport, reply_to) "
-                  "SELECT ?, ?, ?, ?, ?, ?, ?, ? WHERE NOT EXISTS (SELECT 1 FROM signals WHERE id = ?)")
+                  "VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
 # signals.take_token's arithmetic in SQL (both IEEE doubles): refill at `rate / 60` a second up to `rate`,
 # spend one; RETURNING gives no row when the WHERE kept the update out (fewer than one token)
 _SPEND_TOKEN = ("INSERT INTO rate_buckets (agent_id, tokens, updated_at) VALUES (?, ?, ?) ON CONFLICT(agent_id) "
@@ -303,14 +303,17 @@ class SqliteTransaction(base.Transaction):
         return int(self.conn.execute("SELECT COALESCE(max(lamport), 0) FROM signals").fetchone()[0])
 
     def insert_signal(self, signal, caller=None):
-        # one statement: the NOT EXISTS finds a stored id by its unique index, and a signal it keeps out never
-        # reaches the insert (an ignored INSERT, OR IGNORE or ON CONFLICT, would still use up an AUTOINCREMENT
-        # number: a gap in the sequence)
-        cursor = self.conn.execute(_INSERT_SIGNAL, (signal["id"], signal["timestamp"], signal["sender"],
-                                                    signal["recipient"], signal["type"], signal["content"],
-                                                    signal["lamport"], signal["reply_to"], signal["id"]))
-        if cursor.rowcount != 1:
-            return None
+        # one statement: a stored id is found by the unique index itself, and the failed statement is rolled
+        # back whole, its AUTOINCREMENT number with it (an ignored INSERT, OR IGNORE or ON CONFLICT DO NOTHING,
+        # would use that number up: a gap in the sequence)
+        try:
+            cursor = self.conn.execute(_INSERT_SIGNAL, (signal["id"], signal["timestamp"], signal["sender"],
+                                                        signal["recipient"], signal["type"], signal["content"],
+                                                        signal["lamport"], signal["reply_to"]))
+        except sqlite3.IntegrityError as exc:
+            if "signals.id" in str(exc):  # "UNIQUE constraint failed: signals.id": that id is stored already
+                return None
+            raise
         self._senders.clear()
         if caller is not None:
             self.raise_lamport(caller, signal["lamport"])
