@@ -195,21 +195,23 @@ def _unknown_caller(caller: str) -> NotFoundError:
 
 
 def audience(rows, now: datetime, config) -> dict:
-    """Which recipients are live and which the signal waits for (stale, asleep, stopped)."""
+    """Which recipients are live and which the signal waits for (stale, asleep, stopped). `rows`: registry rows
+    (by name: `id`, `status`, `last_heartbeat`), or plain (id, status, last_heartbeat) tuples."""
     from .status import LIVE_REGISTRY_STATUSES, registry_window  # a send's alone among the hot verbs
 
     # status.registry_live, written out once for every row: a broadcast judges each registered agent
     cutoff, ceiling = registry_window(now, config)
     live, waiting, status = [], [], {}
-    for row in rows:
-        state, beat = row["status"], row["last_heartbeat"]
+    if rows and not isinstance(rows[0], tuple):  # registry rows by name; (id, status, last_heartbeat) as they are
+        rows = [(r["id"], r["status"], r["last_heartbeat"]) for r in rows]
+    for agent_id, state, beat in rows:
         if state in LIVE_REGISTRY_STATUSES:
             if beat and cutoff <= beat <= ceiling:
-                live.append(row["id"])
+                live.append(agent_id)
                 continue
             state = "stale"
-        waiting.append(row["id"])
-        status[row["id"]] = state
+        waiting.append(agent_id)
+        status[agent_id] = state
     return {"live": live, "waiting": waiting, "waiting_status": status}
 
 

@@ -332,8 +332,11 @@ class SqliteTransaction(base.Transaction):
             # chain of ids, excluded by the primary key; only the three fields the audience reads
             parts = signal["sender"].split(".")
             chain = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
-            rows = conn.execute(f"SELECT id, status, last_heartbeat FROM agents WHERE id NOT IN "
-                                f"({','.join('?' * len(chain))}) ORDER BY id", chain).fetchall()
+            # plain tuples, not sqlite3.Row: a broadcast reads every registered agent (signals.audience takes both)
+            cursor = conn.cursor()
+            cursor.row_factory = None
+            rows = cursor.execute(f"SELECT id, status, last_heartbeat FROM agents WHERE id NOT IN "
+                                  f"({','.join('?' * len(chain))}) ORDER BY id", chain).fetchall()
             mine = conn.execute("SELECT lamport FROM agents WHERE id = ?", (caller,)).fetchone() if caller else None
         else:
             wanted = candidates if caller is None or caller in candidates else [*candidates, caller]
