@@ -350,11 +350,14 @@ class SqliteTransaction(base.Transaction):
             return {"refused": "caller"}
         if rate is not None:
             # the bucket refilled to `moment` and one token spent in one statement; none returned: empty
-            spent = conn.execute(_SPEND_TOKEN, (caller, rate - 1.0, moment, rate, moment, rate / 60.0, moment,
-                                                rate, moment, rate / 60.0)).fetchone()
+            spent = None
+            if rate >= 1.0:  # a smaller rate never holds a whole token (the config's is a whole number >= 1)
+                spent = conn.execute(_SPEND_TOKEN, (caller, rate - 1.0, moment, rate, moment, rate / 60.0, moment,
+                                                    rate, moment, rate / 60.0)).fetchone()
             if spent is None:
                 row = self.rate_bucket(caller)
-                tokens = min(rate, row["tokens"] + max(0.0, moment - row["updated_at"]) * rate / 60.0)
+                tokens = rate if row is None else min(rate, row["tokens"] + max(0.0, moment - row["updated_at"])
+                                                      * rate / 60.0)
                 return {"refused": "rate", "tokens": tokens}
         lamport = (int(mine["lamport"]) if caller is not None else self.max_lamport()) + 1
         signal = dict(signal, lamport=lamport)
