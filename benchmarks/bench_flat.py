@@ -306,7 +306,8 @@ def report(f: dict, args) -> str:
                 f"{b['send 2']:.2f} ms | {met(b['send 1000'] / b['send 2'], 1.5)} (<= 1.5x) |",
                 f"| {store} | (floor) `SELECT id` of the 1,000 registered agents alone | {b['ids 1000']:.2f} ms | 2: "
                 f"{b['ids 2']:.2f} ms | the broadcast minus it: {b['send 1000'] - b['ids 1000']:.2f} ms vs "
-                f"{b['send 2'] - b['ids 2']:.2f} ms, {(b['send 1000'] - b['ids 1000']) / (b['send 2'] - b['ids 2']):.2f}x |"]
+                f"{b['send 2'] - b['ids 2']:.2f} ms, "
+                f"{(b['send 1000'] - b['ids 1000']) / (b['send 2'] - b['ids 2']):.2f}x |"]
         if "send" in s:
             snd = s["send"]
             lines.append(f"| {store} | `signals.send` in-process | {snd['send']:.3f} ms | raw insert, same table: "
@@ -322,7 +323,8 @@ def report(f: dict, args) -> str:
     if "monitor" in f:
         m = f["monitor"]
         big = m[str(FILE_SIZES[-1])]
-        lines += [f"| files | `run_monitor`, {FILE_SIZES[-1]:,} heartbeat files, a repeated pass (a watching monitor) | "
+        lines += [f"| files | `run_monitor`, {FILE_SIZES[-1]:,} heartbeat files, a repeated pass "
+                  "(a watching monitor) | "
                   f"{big['monitor']:.0f} ms | json-loading them: {big['base']:.0f} ms | "
                   f"{met(big['monitor'] / big['base'], 2.0)} (<= 2.0x) |",
                   f"| files | the same, a process's first pass (`synapolis monitor` once) | {big['first']:.0f} ms | "

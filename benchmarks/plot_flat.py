@@ -92,7 +92,8 @@ def plot_monitor(runs: dict) -> None:
         for key, colour, label in (("base", "tab:gray", "json-load every file (baseline)"),
                                    ("first", "tab:red", "run_monitor, first pass"),
                                    ("monitor", "tab:green", "run_monitor, repeated pass")):
-            ax.plot(xs, [curve[str(x)][key] for x in xs], RUNS[kind], marker="o", color=colour, label=f"{label}, {kind}")
+            ax.plot(xs, [curve[str(x)][key] for x in xs], RUNS[kind], marker="o", color=colour,
+                    label=f"{label}, {kind}")
     save(fig, ax, "flat-monitor.png")
 
 

@@ -475,7 +475,8 @@ class SqliteTransaction(base.Transaction):
             extra, extra_args = extra + _UNREAD, extra_args + [agent_id]
         if undelivered:
             extra, extra_args = extra + _UNDELIVERED, extra_args + [agent_id]
-        branches = [*self._broadcast_branches(agent_id, bfloor), ("s.recipient = ? AND s.sequence > ?", [agent_id, dfloor])]
+        branches = self._broadcast_branches(agent_id, bfloor)
+        branches.append(("s.recipient = ? AND s.sequence > ?", [agent_id, dfloor]))
         family = self._family_recipients(agent_id)
         if family is None:
             branches.append(("s.recipient > ? AND s.recipient < ? AND s.sequence > ?", [lo, hi, dfloor]))
