@@ -24,6 +24,7 @@ import os
 import shutil
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -207,9 +208,12 @@ def main() -> int:
     parser.add_argument("--senders", type=int, nargs="*", default=[8, 32])
     parser.add_argument("--each", type=int, default=10)
     parser.add_argument("--fetch", type=int, nargs="*", default=[100, 10_000, 100_000])
+    parser.add_argument("--load", type=int, default=0, metavar="N",
+                        help="N `python -c 'while 1: pass'` processes for the whole run (a loaded machine)")
     args = parser.parse_args()
     command = (f"`python benchmarks/bench_agent_mail.py --sends {args.sends} --senders "
-               f"{' '.join(map(str, args.senders))} --each {args.each} --fetch {' '.join(map(str, args.fetch))}`")
+               f"{' '.join(map(str, args.senders))} --each {args.each} --fetch {' '.join(map(str, args.fetch))}"
+               f"{f' --load {args.load}' if args.load else ''}`")
     head = ["## Side by side with MCP Agent Mail (bench_agent_mail.py)", "",
             f"Machine: {machine()}  ", f"Command: {command}  "]
     if not Path(args.agent_mail_python).exists():
@@ -218,6 +222,7 @@ def main() -> int:
         return 0
     tmp = Path(tempfile.mkdtemp(prefix="bench-agent-mail-"))
     rows = []
+    busy = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(args.load)]
     try:
         env = bench_env(tmp)
 
@@ -243,10 +248,13 @@ def main() -> int:
             am_fetch = anyio.run(fetch, am, count)
             syn_fetch = anyio.run(fetch, fresh("syn", f"f{count}"), count)
             rows.append(f"| fetch a backlog of {count:,} (Agent Mail: one `fetch_inbox`; synapolis: paging "
-                        f"`read_signals`) | {am_fetch:.2f} s | {syn_fetch:.2f} s |")
+                        f"`read_signals`) | {am_fetch:.2f} s | {syn_fetch:.2f} s ({syn_fetch / am_fetch:.2f}x) |")
     except Exception as exc:  # noqa: BLE001 - what ran is reported, with why the rest did not
         rows.append(f"| (stopped: {type(exc).__name__}: {str(exc)[:200]}) | | |")
     finally:
+        for proc in busy:
+            proc.kill()
+            proc.wait()
         shutil.rmtree(tmp, ignore_errors=True)
     text = "\n".join(head + [f"Agent Mail: `mcp-agent-mail` from PyPI in its own virtualenv ({args.agent_mail_python}); "
                              "both servers over stdio, driven by the same SDK client; load average "

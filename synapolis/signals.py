@@ -197,15 +197,24 @@ def _unknown_caller(caller: str) -> NotFoundError:
 
 
 def audience(rows, now: datetime, config) -> dict:
-    """Which recipients are live and which the signal waits for (stale, asleep, stopped)."""
-    from .status import registry_liveness  # a send's alone among the hot verbs: the others never load status
+    """Which recipients are live and which the signal waits for (stale, asleep, stopped). `rows`: registry rows
+    (by name: `id`, `status`, `last_heartbeat`), or plain (id, status, last_heartbeat) tuples."""
+    from .status import LIVE_REGISTRY_STATUSES, registry_window  # a send's alone among the hot verbs
 
-    live_now = registry_liveness(now, config)
-    judged = [(r, live_now(r)) for r in rows]
-    waiting = [r for r, live in judged if not live]
-    status = {r["id"]: ("stale" if r["status"] in ("active", "idle") else r["status"]) for r in waiting}
-    return {"live": [r["id"] for r, live in judged if live], "waiting": [r["id"] for r in waiting],
-            "waiting_status": status}
+    # status.registry_live, written out once for every row: a broadcast judges each registered agent
+    cutoff, ceiling = registry_window(now, config)
+    live, waiting, status = [], [], {}
+    if rows and not isinstance(rows[0], tuple):  # registry rows by name; (id, status, last_heartbeat) as they are
+        rows = [(r["id"], r["status"], r["last_heartbeat"]) for r in rows]
+    for agent_id, state, beat in rows:
+        if state in LIVE_REGISTRY_STATUSES:
+            if beat and cutoff <= beat <= ceiling:
+                live.append(agent_id)
+                continue
+            state = "stale"
+        waiting.append(agent_id)
+        status[agent_id] = state
+    return {"live": live, "waiting": waiting, "waiting_status": status}
 
 
 def take_token(tx, agent_id: str, now: datetime, config) -> None:

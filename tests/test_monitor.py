@@ -29,6 +29,27 @@ def agents_by_id(doc):
     return {a["agent_id"]: a for a in doc["agents"]}
 
 
+def test_a_repeated_pass_sees_every_change_to_a_file(ws, put_heartbeat):
+    """A monitor pass reuses what this process read at its last pass only for a file with the same signature
+    (inode, size, mtime, ctime): a rewrite in place of the same size with its mtime set back, a replace, a
+    removal and a new file are all seen at the next pass."""
+    path = put_heartbeat("amy", ago(10), task="aaaa")
+    put_heartbeat("bob", ago(10))
+    first = agents_by_id(mon.run_monitor(ws, now=NOW))
+    assert first["amy"]["task"] == "aaaa"
+    stat = os.stat(path)
+    put_heartbeat("amy", ago(10), task="bbbb")  # in place: the same inode and size, the same mtime (utime)
+    after = os.stat(path)
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    assert agents_by_id(mon.run_monitor(ws, now=NOW))["amy"]["task"] == "bbbb"
+    atomic.atomic_write_json(path, heartbeat_doc("amy", ago(5), task="cccc"))  # a new file renamed over it
+    (ws.paths.heartbeats / "bob.json").unlink()
+    (ws.paths.heartbeats / "cat.json").write_text("{broken")
+    third = agents_by_id(mon.run_monitor(ws, now=NOW))
+    assert third["amy"]["task"] == "cccc" and "bob" not in third and third["cat"]["effective_status"] == "invalid"
+    assert agents_by_id(mon.run_monitor(ws, now=NOW)) == {k: dict(v, since=v["since"]) for k, v in third.items()}
+
+
 def test_document_shape_counts_and_order(ws, put_heartbeat):
     put_heartbeat("zed", ago(10), status="idle", task="t", substrate="s", session_id="sess1")
     put_heartbeat("amy", ago(400))

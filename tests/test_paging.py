@@ -5,6 +5,9 @@ query uses the recipient index whatever the session holds; text for a terminal i
 from __future__ import annotations
 
 import json
+import sqlite3
+
+import pytest
 
 from conftest import NOW
 
@@ -108,20 +111,54 @@ def test_inbox_resource_marks_exactly_the_page_it_returns(backlog, db_rows):
                                                                           signals.PAGE_LIMIT + 55)]
 
 
-def test_inbox_query_uses_the_recipient_index_for_sub_agents(backlog):
-    """The plan of a page: every branch a SEARCH of signals_by_recipient, never a walk of the table."""
+def test_inbox_query_uses_the_recipient_index_for_sub_agents(backlog, start_agent):
+    """The plan of a page: every branch a SEARCH of an index in sequence order, never a walk of the table; the
+    broadcasts one branch per other sender (signals_broadcasts_by_sender), so the reader's own broadcasts and
+    its sub-agents', which it never sees, are not read at all (issue 31)."""
     ws, sid = backlog(50, to="alice")  # signals to somebody else
+    for name in ("bob.x", "carol"):
+        start_agent(name, session_id=sid)
     with SessionStore.open(ws, sid) as store, store.write() as conn:
         for to in ("bob.x", "bob.y.z"):
             signals.send(conn, caller="alice", recipient=to, content="hi", config=ws.config, now=NOW,
                          rate_limited=False)
+        for sender in ("bob", "bob.x", "bob", "carol"):
+            signals.send(conn, caller=sender, recipient="*", content=f"all from {sender}", config=ws.config,
+                         now=NOW, rate_limited=False)
         inner, args = conn._visible_select("bob", 0, 0, True, False)  # the SQLite store's inbox query
         plan = [r[3] for r in conn.conn.execute(f"EXPLAIN QUERY PLAN {inner} ORDER BY sequence LIMIT 21", args)]
         found = signals.page(conn, "bob", limit=20)
     searches = [p for p in plan if p.startswith(("SEARCH s", "SCAN s"))]
-    assert len(searches) == 4, plan  # broadcasts, bob, bob.x, bob.y.z
-    assert all("USING INDEX signals_by_recipient" in p and "rowid" not in p for p in searches), plan
-    assert [s["recipient"] for s in found["signals"]] == ["bob.x", "bob.y.z"]
+    assert len(searches) == 4, plan  # carol's broadcasts, bob, bob.x, bob.y.z
+    assert "USING INDEX signals_broadcasts_by_sender (sender=? AND sequence>?)" in searches[0], plan
+    assert all("USING INDEX signals_by_recipient" in p and "rowid" not in p for p in searches[1:]), plan
+    assert [s["recipient"] for s in found["signals"]] == ["bob.x", "bob.y.z", "*"]
+    assert found["signals"][-1]["sender"] == "carol"
+
+
+def test_a_schema_2_store_gets_the_broadcast_index_when_opened(ws, start_agent):
+    """A session.db an older synapolis made (schema 2, no signals_broadcasts_by_sender) is migrated when opened:
+    the index is built over the broadcasts it holds and the inbox finds them through it."""
+    import sqlite3
+
+    from synapolis import store
+
+    sid = start_agent("alice")["session_id"]
+    start_agent("bob", session_id=sid)
+    actions.signal(ws, Who("alice", sid), "*", "before the upgrade", env={}, now=NOW)
+    path = ws.files.session_db(sid)
+    store.close_all()  # the process's pooled store must not keep the schema it read
+    old = sqlite3.connect(path)
+    old.execute("DROP INDEX signals_broadcasts_by_sender")
+    old.execute("PRAGMA user_version = 2")
+    old.commit()
+    old.close()
+    page = actions.read_signals(ws, Who("bob", sid), env={}, now=NOW)
+    assert [s["content"] for s in page["signals"]] == ["before the upgrade"]
+    check = sqlite3.connect(path)
+    assert check.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 4
+    assert check.execute("SELECT name FROM sqlite_master WHERE name = 'signals_broadcasts_by_sender'").fetchone()
+    check.close()
 
 
 def test_read_notes_pages_back_with_before_and_a_budget(ws, start_agent):
@@ -265,3 +302,36 @@ def test_status_shows_a_hostile_task_as_escapes(ws, put_heartbeat, cli):
     assert out.returncode == 0, out.stderr
     assert "\x1b" not in out.stdout and "\x07" not in out.stdout
     assert "\\x1b]0;owned\\x07" in out.stdout
+
+
+@pytest.mark.parametrize("left_out", ["the broadcasts' index", "idempotency keys"])
+def test_a_store_at_version_3_of_either_kind_is_completed(ws, start_agent, left_out):
+    """Version 3 was the broadcasts' index on one branch and idempotency keys on another; 4 has both, so a
+    session.db at 3 with either one missing gets the other when opened, and keeps its signals."""
+    from synapolis import store
+
+    sid = start_agent("alice")["session_id"]
+    start_agent("bob", session_id=sid)
+    actions.signal(ws, Who("alice", sid), "*", "before the upgrade", env={}, now=NOW)
+    path = ws.files.session_db(sid)
+    store.close_all()
+    old = sqlite3.connect(path)
+    if left_out == "the broadcasts' index":
+        old.execute("DROP INDEX signals_broadcasts_by_sender")
+    else:
+        old.execute("DROP INDEX signals_by_key")
+        old.execute("ALTER TABLE signals DROP COLUMN idempotency_key")
+        old.execute("DROP TABLE note_keys")
+    old.execute("PRAGMA user_version = 3")
+    old.commit()
+    old.close()
+    page = actions.read_signals(ws, Who("bob", sid), env={}, now=NOW)
+    assert [s["content"] for s in page["signals"]] == ["before the upgrade"]
+    sent = actions.signal(ws, Who("alice", sid), "bob", "keyed", env={}, now=NOW, idempotency_key="k1")
+    again = actions.signal(ws, Who("alice", sid), "bob", "keyed", env={}, now=NOW, idempotency_key="k1")
+    assert again["replayed"] is True and again["signal"]["id"] == sent["signal"]["id"]
+    check = sqlite3.connect(path)
+    assert check.execute("PRAGMA user_version").fetchone()[0] == 4
+    names = {row[0] for row in check.execute("SELECT name FROM sqlite_master")}
+    assert {"signals_broadcasts_by_sender", "signals_by_key", "note_keys"} <= names
+    check.close()

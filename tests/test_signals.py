@@ -360,3 +360,23 @@ def test_collect_reads_each_active_sessions_newest_signals_on_either_store(ws, s
     assert [s["content"] for s in activity["signals"]] == ["s2", "s3", "s4"]  # the newest 3, oldest first
     assert [n["text"] for n in activity["notes"]] == ["a note"]
     assert {a["agent_id"] for a in data["agents"]} == {"alice", "bob"}
+
+
+@pytest.mark.parametrize("seeks", [64, 1])
+def test_broadcasts_from_each_sender_past_the_readers_own(ws, trio, start_agent, monkeypatch, seeks):
+    """An inbox reads each other sender's broadcasts as its own branch (issue 31), or, past MAX_BROADCAST_SEEKS
+    senders, one walk of them all: the same answer either way, never the reader's own or its sub-agents'."""
+    from synapolis.store.postgres import PostgresTransaction
+    from synapolis.store.sqlite import SqliteTransaction
+
+    for kind in (SqliteTransaction, PostgresTransaction):
+        monkeypatch.setattr(kind, "MAX_BROADCAST_SEEKS", seeks)
+    start_agent("bob.x", session_id=trio["bob"].session_id)
+    helper = Who("bob.x", trio["bob"].session_id)
+    for i, who in enumerate([trio["bob"], trio["alice"], helper, trio["carol"], trio["bob"], trio["alice"]]):
+        send(ws, who, "*", f"{who.agent_id} {i}")
+    assert unread(ws, trio["bob"]) == ["alice 1", "carol 3", "alice 5"]
+    assert unread(ws, trio["bob"], limit=2) == ["alice 1", "carol 3"]
+    page = actions.read_signals(ws, trio["bob"], env={}, now=NOW, limit=1)
+    assert page["remaining"] == 2 and [s["content"] for s in page["signals"]] == ["alice 1"]
+    assert unread(ws, trio["alice"]) == ["bob 0", "bob.x 2", "carol 3", "bob 4"]

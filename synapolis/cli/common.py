@@ -60,8 +60,9 @@ def identity_options(func):
     )
 
 
-# verbs that say themselves what a missing state directory means
-_OWN_NOTE = {"doctor", "init"}
+# the verbs that only read (contract §3, and the screens for people): on a state directory that is not there they
+# answer as for an empty one, and say so; a verb that writes creates it, and doctor and init say it themselves
+_READ_ONLY = {"status", "list-agents", "read-notes", "whiteboard-read", "claims", "escalations", "memories", "guard"}
 
 
 def workspace(ctx: click.Context, create: bool = False) -> Workspace:
@@ -69,7 +70,7 @@ def workspace(ctx: click.Context, create: bool = False) -> Workspace:
     ws = Workspace.open(root.get("state_dir"))
     if create:
         return ws.ensure()
-    if ctx.info_name not in _OWN_NOTE and not ws.paths.root.exists():
+    if ctx.info_name in _READ_ONLY and not ws.paths.root.exists():
         # a read-only verb on a directory that is not there (a mistyped --state-dir, a wrong working directory)
         # still answers (an empty swarm, exit 0), but says why it is empty: on stderr, so --json stays one object
         from .text import terminal_safe

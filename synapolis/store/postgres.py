@@ -496,6 +496,17 @@ def _family(agent_id: str) -> tuple[str, str]:
     return agent_id + ".", agent_id + "/"
 
 
+# The distinct senders of the session's broadcasts, one index seek each (signals_by_sender), past a reader's
+# sub-agents in one seek: an inbox then reads each other sender's broadcasts as an index range in sequence
+# order, and never the reader's own family's, which it does not see (issue 31)
+_BROADCAST_SENDERS = (
+    "WITH RECURSIVE b(sender) AS ((SELECT sender FROM signals WHERE session_id = %(session)s AND recipient = '*' "
+    "ORDER BY sender LIMIT 1) UNION ALL SELECT (SELECT s.sender FROM signals s WHERE s.session_id = %(session)s "
+    "AND s.recipient = '*' AND s.sender > CASE WHEN b.sender > %(lo)s AND b.sender < %(hi)s THEN %(hi)s "
+    "ELSE b.sender END ORDER BY s.sender LIMIT 1) FROM b WHERE b.sender IS NOT NULL) "
+    "SELECT sender FROM b WHERE sender IS NOT NULL LIMIT %(cap)s")
+
+
 def _key(*parts: str) -> str:
     return "synapolis." + ".".join(parts)
 
@@ -511,6 +522,7 @@ class PostgresTransaction(base.Transaction):
         self.writing = writing
         self._horizon = None
         self._reserved = None  # a sequence number drawn by an insert whose id was stored already
+        self._senders = {}  # _broadcast_senders by reader, for this transaction (an insert forgets them)
 
     def _all(self, sql, args=()):
         self.cur.execute(sql, args)
@@ -630,6 +642,7 @@ class PostgresTransaction(base.Transaction):
             self._reserved = reserved if reserved is not None else int(row["drawn"])
             return None  # that id is stored already
         sequence = int(row["sequence"])
+        self._senders.clear()
         if self._horizon is not None:
             self._horizon = max(self._horizon, sequence)  # our own insert is ours to see
         return sequence
@@ -649,6 +662,7 @@ class PostgresTransaction(base.Transaction):
         # an id stored already: signals.send retries with the next microsecond's id, which takes the number
         # this attempt drew (see synapolis_send)
         self._reserved = out.get("reserved")
+        self._senders.clear()
         if out.get("sequence") is not None and self._horizon is not None:
             self._horizon = max(self._horizon, int(out["sequence"]))  # our own insert is ours to see
         return out
@@ -664,17 +678,34 @@ class PostgresTransaction(base.Transaction):
         return self._all(f"SELECT {_COLS} FROM signals s WHERE s.session_id = %s AND s.id >= %s AND s.id < %s "
                          "ORDER BY s.id LIMIT %s", (self.session_id, ref, ref + "g", limit))
 
+    MAX_BROADCAST_SEEKS = 64  # senders of broadcasts served by one branch each; more: one walk of them all
+
+    def _broadcast_senders(self, agent_id):
+        """The senders of broadcasts the reader sees (all but itself and its sub-agents) up to the horizon, or
+        None past MAX_BROADCAST_SEEKS. Taken after the horizon is fixed: every broadcast below it is committed."""
+        if agent_id not in self._senders:
+            lo, hi = _family(agent_id)
+            rows = self._all(_BROADCAST_SENDERS, {"session": self.session_id, "lo": lo, "hi": hi,
+                                                  "cap": self.MAX_BROADCAST_SEEKS + 3})
+            found = [r["sender"] for r in rows if r["sender"] != agent_id and not lo < r["sender"] < hi]
+            self._senders[agent_id] = found if len(found) <= self.MAX_BROADCAST_SEEKS else None
+        return self._senders[agent_id]
+
     def _visible_select(self, agent_id, bfloor, dfloor, unread, undelivered):
         lo, hi = _family(agent_id)
         top = self.max_sequence()
+        senders = self._broadcast_senders(agent_id)
         extra, extra_args = "", []
         if unread:
             extra, extra_args = extra + _UNREAD, extra_args + [agent_id]
         if undelivered:
             extra, extra_args = extra + _UNDELIVERED, extra_args + [agent_id]
-        branches = [
-            ("s.recipient = '*' AND s.sequence > %s AND s.sender <> %s AND NOT (s.sender > %s AND s.sender < %s)",
-             [bfloor, agent_id, lo, hi]),
+        if senders is None:  # many senders: the reader's own broadcasts are then a small share of them all
+            branches = [("s.recipient = '*' AND s.sequence > %s AND s.sender <> %s AND NOT (s.sender > %s AND "
+                         "s.sender < %s)", [bfloor, agent_id, lo, hi])]
+        else:
+            branches = [("s.recipient = '*' AND s.sender = %s AND s.sequence > %s", [who, bfloor]) for who in senders]
+        branches += [
             ("s.recipient = %s AND s.sequence > %s", [agent_id, dfloor]),
             ("s.recipient > %s AND s.recipient < %s AND s.sequence > %s", [lo, hi, dfloor]),
         ]

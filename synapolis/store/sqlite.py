@@ -17,11 +17,18 @@ from ..paths import SESSION_CHANGES
 from . import base
 
 # 2: run tokens are kept as their SHA-256 (identity.hash_token), and the files are private (0600/0700)
-SCHEMA_VERSION = 3  # 3: idempotency keys (_IDEMPOTENCY_SCHEMA), added to a store of any older version
+# 3: the broadcasts' index by sender (signals_broadcasts_by_sender), or idempotency keys (_IDEMPOTENCY_SCHEMA): two
+#    branches each made a version 3; 4: both, each step idempotent, so a store either one left at 3 is completed
+SCHEMA_VERSION = 4
 # session.db, its -wal and -shm hold every agent's signals and (hashed) run token: only their owner may
 # read them, from the moment they exist (SQLite gives -wal and -shm the mode of the database file)
 PRIVATE_FILE = 0o600
 PRIVATE_DIR = 0o700
+
+# Schema 3: a reader's inbox takes the broadcasts of each other sender from this index, in sequence order, so
+# it never walks the broadcasts of its own family (its own and its sub-agents', which it does not see)
+_BROADCASTS_INDEX = ("CREATE INDEX IF NOT EXISTS signals_broadcasts_by_sender ON signals (sender, sequence) "
+                     "WHERE recipient = '*'")
 
 # EP-0118 §3's five tables exactly as written (names, columns, CHECKs), then our additions.
 # Timestamps we write are RFC 3339 UTC with microseconds (`2026-06-02T10:09:24.123456Z`): fixed
@@ -111,7 +118,7 @@ CREATE TABLE IF NOT EXISTS rate_buckets
 CREATE INDEX IF NOT EXISTS signals_by_recipient ON signals (recipient, sequence);
 CREATE INDEX IF NOT EXISTS signal_reads_by_agent ON signal_reads (agent_id, signal_id);
 CREATE INDEX IF NOT EXISTS deliveries_by_agent ON signal_deliveries (agent_id, delivery_method, offers);
-"""
+""" + "\n" + _BROADCASTS_INDEX + ";\n"
 
 # version 3: idempotency keys (docs/SIGNALS.md, "Retries and idempotency keys"): a signal's with the signal, unique
 # per sender; a note's beside it (the note itself is in notes.jsonl), unique per agent
@@ -206,6 +213,13 @@ def _is_busy(exc: BaseException) -> bool:
     return "locked" in text or "busy" in text
 
 
+_INSERT_SIGNAL = ("INSERT INTO signals (id, timestamp, sender, recipient, type, content, lamport, reply_to, "
+                  "idempotency_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+# signals.take_token's arithmetic in SQL (both IEEE doubles): refill at `rate / 60` a second up to `rate`,
+# spend one; RETURNING gives no row when the WHERE kept the update out (fewer than one token)
+_SPEND_TOKEN = ("INSERT INTO rate_buckets (agent_id, tokens, updated_at) VALUES (?, ?, ?) ON CONFLICT(agent_id) "
+                "DO UPDATE SET tokens = min(?, tokens + max(0.0, ? - updated_at) * ?) - 1.0, updated_at = ? "
+                "WHERE min(?, tokens + max(0.0, ? - updated_at) * ?) >= 1.0 RETURNING tokens")
 _COLS = "s.sequence, s.id, s.timestamp, s.sender, s.recipient, s.type, s.content, s.lamport, s.reply_to"
 _UNREAD = " AND NOT EXISTS (SELECT 1 FROM signal_reads r WHERE r.signal_id = s.id AND r.agent_id = ?)"
 _UNDELIVERED = " AND NOT EXISTS (SELECT 1 FROM signal_deliveries d WHERE d.signal_id = s.id AND d.agent_id = ?)"
@@ -228,12 +242,13 @@ class SqliteTransaction(base.Transaction):
     """A transaction on one session.db; `execute`/`executemany` reach the connection itself (tests and
     tools that inspect the SQLite file; the protocol code uses only the interface)."""
 
-    __slots__ = ("conn", "session_id", "changes")
+    __slots__ = ("conn", "session_id", "changes", "_senders")
 
     def __init__(self, conn, session_id: str, changes: str | None = None):
         self.conn = conn
         self.session_id = session_id
         self.changes = changes  # the session's change counter (changes_path); None in a read transaction
+        self._senders = {}  # _broadcast_senders by reader, for this transaction (an insert forgets them)
 
     def execute(self, sql, args=()):
         return self.conn.execute(sql, args)
@@ -304,25 +319,70 @@ class SqliteTransaction(base.Transaction):
         return int(self.conn.execute("SELECT COALESCE(max(lamport), 0) FROM signals").fetchone()[0])
 
     def insert_signal(self, signal, caller=None):
-        # looked up first: an ignored INSERT would still use up an AUTOINCREMENT number
-        if self.conn.execute("SELECT 1 FROM signals WHERE id = ?", (signal["id"],)).fetchone() is not None:
-            return None
+        # one statement: a stored id is found by the unique index itself, and the failed statement is rolled
+        # back whole, its AUTOINCREMENT number with it (an ignored INSERT, OR IGNORE or ON CONFLICT DO NOTHING,
+        # would use that number up: a gap in the sequence)
         key = signal.get("idempotency_key")
         try:
-            cursor = self.conn.execute(
-                "INSERT INTO signals (id, timestamp, sender, recipient, type, content, lamport, reply_to, "
-                "idempotency_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (signal["id"], signal["timestamp"], signal["sender"], signal["recipient"], signal["type"],
-                 signal["content"], signal["lamport"], signal["reply_to"], key))
-        except sqlite3.IntegrityError:
+            cursor = self.conn.execute(_INSERT_SIGNAL, (signal["id"], signal["timestamp"], signal["sender"],
+                                                        signal["recipient"], signal["type"], signal["content"],
+                                                        signal["lamport"], signal["reply_to"], key))
+        except sqlite3.IntegrityError as exc:
+            # "UNIQUE constraint failed: signals.id": that id is stored already (compared whole: the key's index
+            # fails as "... signals.sender, signals.idempotency_key", which also holds "signals.id")
+            if str(exc) == "UNIQUE constraint failed: signals.id":
+                return None
             if key is not None and self.signal_by_key(signal["sender"], key) is not None:
                 raise base.KeyTaken(key) from None  # signals_by_key: this sender stored it already
             raise
+        self._senders.clear()
         if caller is not None:
             self.raise_lamport(caller, signal["lamport"])
         if self.changes is not None:
             self._count_change()
         return cursor.lastrowid
+
+    # signals.send in the fewest statements (the checks and the id stay in signals.py): the audience and
+    # the caller's row, the token, the insert, the caller's clock; a refusal before anything is written
+    offers_send_signal = sqlite3.sqlite_version_info >= (3, 35, 0)  # RETURNING; older: one operation each
+
+    def send_signal(self, signal, *, caller, candidates, rate, moment):
+        conn = self.conn
+        if candidates is None:
+            # a broadcast reaches everyone but the sender and the agents it is a sub-agent of: its own
+            # chain of ids, excluded by the primary key; only the three fields the audience reads
+            parts = signal["sender"].split(".")
+            chain = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+            # plain tuples, not sqlite3.Row: a broadcast reads every registered agent (signals.audience takes both)
+            cursor = conn.cursor()
+            cursor.row_factory = None
+            rows = cursor.execute(f"SELECT id, status, last_heartbeat FROM agents WHERE id NOT IN "
+                                  f"({','.join('?' * len(chain))}) ORDER BY id", chain).fetchall()
+            mine = conn.execute("SELECT lamport FROM agents WHERE id = ?", (caller,)).fetchone() if caller else None
+        else:
+            wanted = candidates if caller is None or caller in candidates else [*candidates, caller]
+            found = conn.execute("SELECT id, status, last_heartbeat, lamport FROM agents WHERE id IN "
+                                 f"({','.join('?' * len(wanted))}) ORDER BY id", wanted).fetchall()
+            rows = [r for r in found if r["id"] in candidates]
+            if not rows:
+                return {"refused": "recipient"}
+            mine = next((r for r in found if r["id"] == caller), None)
+        if caller is not None and mine is None:
+            return {"refused": "caller"}
+        if rate is not None:
+            # the bucket refilled to `moment` and one token spent in one statement; none returned: empty
+            spent = None
+            if rate >= 1.0:  # a smaller rate never holds a whole token (the config's is a whole number >= 1)
+                spent = conn.execute(_SPEND_TOKEN, (caller, rate - 1.0, moment, rate, moment, rate / 60.0, moment,
+                                                    rate, moment, rate / 60.0)).fetchone()
+            if spent is None:
+                row = self.rate_bucket(caller)
+                tokens = rate if row is None else min(rate, row["tokens"] + max(0.0, moment - row["updated_at"])
+                                                      * rate / 60.0)
+                return {"refused": "rate", "tokens": tokens}
+        lamport = (int(mine["lamport"]) if caller is not None else self.max_lamport()) + 1
+        signal = dict(signal, lamport=lamport)
+        return {"sequence": self.insert_signal(signal, caller), "lamport": lamport, "rows": rows}
 
     def _count_change(self) -> None:
         """Bump the change counter before the commit, under the write lock: whoever reads the counter and then
@@ -384,6 +444,41 @@ class SqliteTransaction(base.Transaction):
             last = row[0] + "\x00"  # the next recipient after this one (ids never hold NUL)
         return None
 
+    MAX_BROADCAST_SEEKS = 64  # senders of broadcasts served by one branch each; more: one walk of them all
+
+    def _broadcast_senders(self, agent_id):
+        """The distinct senders of broadcasts the reader sees (all but itself and its sub-agents), each found by
+        one seek of signals_broadcasts_by_sender; None when there are more than MAX_BROADCAST_SEEKS."""
+        if agent_id in self._senders:
+            return self._senders[agent_id]
+        lo, hi = _family(agent_id)
+        found, last = [], ""
+        while found is not None:
+            row = self.conn.execute("SELECT sender FROM signals INDEXED BY signals_broadcasts_by_sender "
+                                    "WHERE recipient = '*' AND sender > ? ORDER BY sender LIMIT 1", (last,)).fetchone()
+            if row is None:
+                break
+            last = row[0]
+            if lo < last < hi:
+                last = hi  # the reader's sub-agents: past all of them in one seek
+            elif last != agent_id:
+                found.append(last)
+                if len(found) > self.MAX_BROADCAST_SEEKS:
+                    found = None
+        self._senders[agent_id] = found
+        return found
+
+    def _broadcast_branches(self, agent_id, bfloor):
+        """The broadcast part of `_visible_select`: one branch per other sender (each an index range in sequence
+        order), or, past MAX_BROADCAST_SEEKS senders, one walk of every broadcast skipping the reader's family
+        (then a small share of them: the reader is one of that many senders)."""
+        senders = self._broadcast_senders(agent_id)
+        if senders is None:
+            lo, hi = _family(agent_id)
+            return [("s.recipient = '*' AND s.sequence > ? AND s.sender != ? AND NOT (s.sender > ? AND s.sender < ?)",
+                     [bfloor, agent_id, lo, hi])]
+        return [("s.recipient = '*' AND s.sender = ? AND s.sequence > ?", [who, bfloor]) for who in senders]
+
     def _visible_select(self, agent_id, bfloor, dfloor, unread, undelivered, below=None):
         """The visible signals after the floors (and before `below`), as a UNION ALL each branch of which
         an index serves.
@@ -401,11 +496,8 @@ class SqliteTransaction(base.Transaction):
             extra, extra_args = extra + _UNREAD, extra_args + [agent_id]
         if undelivered:
             extra, extra_args = extra + _UNDELIVERED, extra_args + [agent_id]
-        branches = [
-            ("s.recipient = '*' AND s.sequence > ? AND s.sender != ? AND NOT (s.sender > ? AND s.sender < ?)",
-             [bfloor, agent_id, lo, hi]),
-            ("s.recipient = ? AND s.sequence > ?", [agent_id, dfloor]),
-        ]
+        branches = self._broadcast_branches(agent_id, bfloor)
+        branches.append(("s.recipient = ? AND s.sequence > ?", [agent_id, dfloor]))
         family = self._family_recipients(agent_id)
         if family is None:
             branches.append(("s.recipient > ? AND s.recipient < ? AND s.sequence > ?", [lo, hi, dfloor]))
@@ -413,7 +505,12 @@ class SqliteTransaction(base.Transaction):
             branches += [("s.recipient = ? AND s.sequence > ?", [who, dfloor]) for who in family]
         sql, args = [], []
         for where, params in branches:
-            source = "signals s INDEXED BY signals_by_recipient" if where.startswith("s.recipient >") else "signals s"
+            if where.startswith("s.recipient >"):
+                source = "signals s INDEXED BY signals_by_recipient"
+            elif where.startswith("s.recipient = '*' AND s.sender ="):
+                source = "signals s INDEXED BY signals_broadcasts_by_sender"
+            else:
+                source = "signals s"
             sql.append(f"SELECT {_COLS} FROM {source} WHERE {where}{extra}")
             args += params + extra_args
         return " UNION ALL ".join(sql), args
@@ -444,8 +541,13 @@ class SqliteTransaction(base.Transaction):
     def latest_visible_sequence(self, agent_id):
         lo, hi = _family(agent_id)
         family = self._family_recipients(agent_id)
-        queries = [("SELECT sequence FROM signals WHERE recipient = '*' AND sender != ? "
-                    "AND NOT (sender > ? AND sender < ?) ORDER BY sequence DESC LIMIT 1", (agent_id, lo, hi))]
+        senders = self._broadcast_senders(agent_id)
+        if senders is None:
+            queries = [("SELECT sequence FROM signals WHERE recipient = '*' AND sender != ? "
+                        "AND NOT (sender > ? AND sender < ?) ORDER BY sequence DESC LIMIT 1", (agent_id, lo, hi))]
+        else:
+            queries = [("SELECT max(sequence) FROM signals INDEXED BY signals_broadcasts_by_sender "
+                        "WHERE recipient = '*' AND sender = ?", (who,)) for who in senders]
         queries += [("SELECT max(sequence) FROM signals WHERE recipient = ?", (who,))
                     for who in [agent_id, *(family or [])]]
         if family is None:
@@ -546,6 +648,7 @@ class SessionStore(base.SessionStore):
         self.busy_timeout_ms = busy_timeout_ms
         self._lock = _thread.RLock()  # what threading.RLock() builds, without importing threading
         self._wrote = False
+        self._changes = changes_path(self.path)  # worked out once, not on every write transaction
         try:
             # isolation_level=None: we issue BEGIN/COMMIT ourselves; timeout is SQLite's busy timeout.
             self._conn = sqlite3.connect(str(self.path), timeout=busy_timeout_ms / 1000.0,
@@ -600,7 +703,8 @@ class SessionStore(base.SessionStore):
                     conn.execute(statement)
             if version < 2:
                 _hash_clear_tokens(conn)
-            if version < 3:
+            if version < 4:
+                conn.execute(_BROADCASTS_INDEX)
                 has_key = any(row[1] == "idempotency_key" for row in conn.execute("PRAGMA table_info(signals)"))
                 for statement in _statements(_IDEMPOTENCY_SCHEMA):
                     if not (has_key and statement.lstrip().startswith("ALTER TABLE")):
@@ -702,7 +806,7 @@ class _InTransaction:
         if not self.writes:
             return SqliteTransaction(store._conn, store.session_id)
         store._wrote = True
-        return SqliteTransaction(store._conn, store.session_id, changes_path(store.path))
+        return SqliteTransaction(store._conn, store.session_id, store._changes)
 
     def __exit__(self, kind, value, traceback) -> None:
         store = self.store

@@ -1,0 +1,339 @@
+#!/usr/bin/env python3
+"""Costs that must not grow with the swarm (issue 31), each against its baseline in the same run, with the
+scaling curves behind them:
+
+1. `actions.read_signals(limit=20)` with 100,000 signals in the session against 100 (<= 1.2x); curve over
+   100 / 1k / 10k / 100k signals.
+2. A broadcast (`signals.send` to `*` in a write transaction) with 1,000 agents registered against 2
+   (<= 1.5x); curve over 2 / 10 / 100 / 1,000 / 10,000 agents, with the floor: reading the ids of the
+   registered agents alone (the answer names every recipient, contract §7).
+3. `run_monitor` over 50,000 heartbeat files against json-loading them (<= 2.0x); curve over 1k / 10k / 50k.
+4. `signals.send` in-process against a raw insert into the same table (<= 2.5x): a bare connection's
+   BEGIN IMMEDIATE, INSERT, COMMIT on the same session.db (PostgreSQL: BEGIN, INSERT, COMMIT into a table
+   shaped like `signals`).
+
+The two sides of each comparison alternate in chunks; medians. `--load` runs two `python -c 'while 1: pass'`
+processes for the whole run (the loaded column); `--pg` adds the PostgreSQL store's rows
+($SYNAPOLIS_TEST_PG_URL). Each run writes its figures to benchmarks/flat-<quiet|loaded>.json (plot_flat.py
+draws the curves from them) and its section of RESULTS.md.
+
+    python benchmarks/bench_flat.py [--load] [--pg] [--runs 101] [--no-write]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from _common import HERE, bench_parser, machine, publish
+
+from synapolis import actions, signals  # noqa: E402
+from synapolis.identity import Who  # noqa: E402
+from synapolis.sessions import ts  # noqa: E402
+from synapolis.signals import signal_id  # noqa: E402
+from synapolis.store import clock, close_all, open_session  # noqa: E402
+from synapolis.timeutil import format_ts, utcnow  # noqa: E402
+from synapolis.workspace import Workspace  # noqa: E402
+
+READ_SIZES = (100, 1_000, 10_000, 100_000)
+AGENT_SIZES = (2, 10, 100, 1_000, 10_000)
+FILE_SIZES = (1_000, 10_000, 50_000)
+
+
+def workspace(root: Path, url: str | None) -> Workspace:
+    ws = Workspace.open(root).ensure()
+    doc = json.loads(ws.paths.config.read_text())
+    doc["rate_limit_per_min"] = 10 ** 6
+    if url:
+        doc["store"] = url
+    ws.paths.config.write_text(json.dumps(doc))
+    return Workspace.open(root)
+
+
+def database(admin: str | None) -> str | None:
+    """A fresh PostgreSQL database on the test server, or None for the SQLite store."""
+    if admin is None:
+        return None
+    from bench_postgres import fresh_database
+
+    return fresh_database(admin)
+
+
+def p50_ms(values) -> float:
+    return statistics.median(values) * 1000
+
+
+def alternate(sides: dict, runs: int, chunk: int = 5) -> dict:
+    """Run each of `sides` (name -> call(i)) `runs` times, the sides alternating in chunks; p50 ms each."""
+    times = {k: [] for k in sides}
+    i = 0
+    for _ in range(max(1, runs // chunk)):
+        for key, call in sides.items():
+            for _ in range(chunk):
+                i += 1
+                began = time.perf_counter()
+                call(i)
+                times[key].append(time.perf_counter() - began)
+    return {k: p50_ms(v) for k, v in times.items()}
+
+
+# -- 1. the inbox page -----------------------------------------------------------------------------
+
+def inbox_session(root: Path, url: str | None, total: int) -> tuple[Workspace, str]:
+    """alice, bob, carol and dave; `total` signals. bob's inbox holds 40 unread spread over the whole history
+    (to bob, to his sub-agents bob.x and bob.y.z, alice's broadcasts); the rest is the others' traffic and, a
+    fifth of it, broadcasts from bob and his sub-agent bob.x, which bob never sees (the visibility rules)."""
+    ws = workspace(root, url)
+    sid = actions.start(ws, agent_id="alice", env={}, write_identity=False)["session_id"]
+    for name in ("bob", "carol", "dave"):
+        actions.start(ws, agent_id=name, session_id=sid, env={}, write_identity=False)
+    base = utcnow()
+    mine = set(random.Random(31).sample(range(total), 40))
+    with open_session(ws, sid) as store, store.write() as tx:
+        for i in range(total):
+            if i in mine:
+                sender, to = "alice", ("bob", "bob.x", "*", "bob.y.z")[i % 4]
+            elif i % 10 < 2:  # broadcasts bob does not see: his own and his sub-agent's
+                sender, to = ("bob", "bob.x")[i % 2], "*"
+            else:
+                sender = ("carol", "dave", "bob", "alice")[i % 4]
+                to = "dave" if sender == "carol" else "carol"
+            stamp = format_ts(base + timedelta(microseconds=i), micro=True)
+            content = f"signal {i} for {to}"
+            tx.insert_signal({"id": signal_id(sender, to, "inform", content, stamp), "timestamp": stamp,
+                              "sender": sender, "recipient": to, "type": "inform", "content": content,
+                              "lamport": i + 1, "reply_to": None})
+    return ws, sid
+
+
+def inbox_curve(tmp: Path, admin: str | None, runs: int) -> dict:
+    made = {n: inbox_session(tmp / f"inbox-{n}", database(admin), n) for n in READ_SIZES}
+    for ws, sid in made.values():  # the first call of each opens its store: out of the timing
+        actions.read_signals(ws, Who("bob", sid), limit=20, env={})
+    sides = {n: (lambda i, ws=ws, sid=sid: actions.read_signals(ws, Who("bob", sid), limit=20, env={}))
+             for n, (ws, sid) in made.items()}
+    return {str(k): v for k, v in alternate(sides, runs).items()}
+
+
+# -- 2. the broadcast ------------------------------------------------------------------------------
+
+def crowd(root: Path, url: str | None, agents: int):
+    ws = workspace(root, url)
+    sid = actions.start(ws, agent_id="a0", env={}, write_identity=False)["session_id"]
+    store = open_session(ws, sid)
+    with store.write() as tx:
+        stamp = ts(utcnow())
+        for i in range(1, agents):
+            tx.register_agent(f"a{i:05d}", harness="bench", substrate="", stamp=stamp, run_token=f"t{i}")
+    return ws, store
+
+
+def broadcast_curve(tmp: Path, admin: str | None, runs: int) -> dict:
+    made = {n: crowd(tmp / f"crowd-{n}", database(admin), n) for n in AGENT_SIZES}
+
+    def send(i, ws, store):
+        with store.write() as tx:
+            _sig, heard = signals.send(tx, caller="a0", recipient="*", content=f"to everyone {i}", now=clock(ws),
+                                       config=ws.config)
+        assert len(heard["live"]) + len(heard["waiting"]) == n_of[id(store)] - 1
+
+    def ids(i, store):  # the floor: the answer names every recipient, so their ids are read at least
+        with store.read() as tx:
+            if hasattr(tx, "conn"):  # SQLite: the session's own database
+                tx.conn.execute("SELECT id FROM agents").fetchall()
+            else:
+                tx.cur.execute("SELECT id FROM agents WHERE session_id = %s", (tx.session_id,))
+                tx.cur.fetchall()
+
+    n_of = {id(store): n for n, (ws, store) in made.items()}
+    sides = {}
+    for n, (ws, store) in made.items():
+        sides[f"send {n}"] = lambda i, ws=ws, store=store: send(i, ws, store)
+        sides[f"ids {n}"] = lambda i, store=store: ids(i, store)
+    out = alternate(sides, runs)
+    for ws, store in made.values():
+        store.close()
+    return out
+
+
+# -- 3. the monitor --------------------------------------------------------------------------------
+
+def monitor_curve(tmp: Path, passes: int) -> dict:
+    from bench_monitor import json_load_all, populate
+
+    from synapolis import monitor
+    from synapolis.monitor import run_monitor
+
+    def first_pass(i):  # a process's first pass (a CLI `synapolis monitor`): nothing read before
+        monitor._READS.clear()
+        run_monitor(ws)
+
+    out = {}
+    for files in FILE_SIZES:
+        ws = Workspace.open(tmp / f"beats-{files}").ensure()
+        populate(ws.paths.heartbeats, files, utcnow())
+        json_load_all(ws.paths.heartbeats)  # the page cache warm for both sides alike
+        run_monitor(ws)
+        rounds = max(3, passes * 1000 // files)
+        got = alternate({"base": lambda i: json_load_all(ws.paths.heartbeats), "monitor": lambda i: run_monitor(ws),
+                         "first": first_pass}, rounds, chunk=1)
+        out[str(files)] = got
+        shutil.rmtree(ws.paths.heartbeats, ignore_errors=True)
+    return out
+
+
+# -- 4. the send -----------------------------------------------------------------------------------
+
+def send_pair(tmp: Path, admin: str | None, runs: int) -> dict:
+    url = database(admin)
+    ws = workspace(tmp / "send", url)
+    sid = actions.start(ws, agent_id="sender", env={}, write_identity=False)["session_id"]
+    actions.start(ws, agent_id="sink", session_id=sid, env={}, write_identity=False)
+    store = open_session(ws, sid)
+    if url is None:
+        raw = sqlite3.connect(ws.files.session_db(sid), isolation_level=None)
+        raw.execute("PRAGMA synchronous = NORMAL")
+
+        def raw_insert(i):
+            raw.execute("BEGIN IMMEDIATE")
+            raw.execute("INSERT INTO signals (id, timestamp, sender, recipient, type, content, lamport, reply_to) "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (f"{i:064x}", ts(utcnow()), "sender", "sink", "inform",
+                                                            f"raw {i}", i, None))
+            raw.execute("COMMIT")
+    else:
+        import psycopg
+
+        raw = psycopg.connect(url)
+        raw.execute("CREATE TABLE raw_signals (session_id TEXT, id TEXT, sequence BIGINT GENERATED ALWAYS AS "
+                    "IDENTITY PRIMARY KEY, timestamp TEXT, sender TEXT, recipient TEXT, type TEXT, content TEXT, "
+                    "lamport BIGINT, reply_to TEXT, UNIQUE (session_id, id))")
+        raw.commit()
+
+        def raw_insert(i):
+            raw.execute("INSERT INTO raw_signals (session_id, id, timestamp, sender, recipient, type, content, "
+                        "lamport) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                        (sid, f"{i:064x}", ts(utcnow()), "sender", "sink", "inform", f"raw {i}", i))
+            raw.commit()
+
+    def send(i):
+        with store.write() as tx:
+            signals.send(tx, caller="sender", recipient="sink", content=f"send {i}", now=clock(ws),
+                         config=ws.config)
+
+    for i in range(20):  # prepared statements, the server's plans
+        send(-i - 1)
+        raw_insert(10 ** 9 + i)
+    out = alternate({"raw": raw_insert, "send": send}, runs, chunk=20)
+    raw.close()
+    store.close()
+    return out
+
+
+# -- the run ---------------------------------------------------------------------------------------
+
+def loaders(count: int) -> list:
+    return [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(count)]
+
+
+def main() -> int:
+    parser = bench_parser(__doc__)
+    parser.add_argument("--load", action="store_true", help="two busy-loop processes for the whole run")
+    parser.add_argument("--pg", action="store_true", help="the PostgreSQL store's rows too ($SYNAPOLIS_TEST_PG_URL)")
+    parser.add_argument("--runs", type=int, default=101)
+    parser.add_argument("--passes", type=int, default=5, help="monitor passes at 1,000 files per file-size step")
+    parser.add_argument("--only", nargs="*", default=["read", "broadcast", "send", "monitor"],
+                        help="a part of the run (read broadcast send monitor): a look while working, not a result")
+    args = parser.parse_args()
+    admin = os.environ.get("SYNAPOLIS_TEST_PG_URL") if args.pg else None
+    if args.pg and not admin:
+        raise SystemExit("--pg needs SYNAPOLIS_TEST_PG_URL")
+    tmp = Path(tempfile.mkdtemp(prefix="bench-flat-"))
+    busy = loaders(2) if args.load else []
+    figures = {"load": bool(args.load), "runs": args.runs}
+    try:
+        parts = {"read": inbox_curve, "broadcast": broadcast_curve,
+                 "send": lambda t, a, runs: send_pair(t, a, max(runs, 200))}
+        for store, url in (("sqlite", None), ("postgres", admin)):
+            if store == "sqlite" or url:
+                figures[store] = {k: run(tmp / store, url, args.runs) for k, run in parts.items() if k in args.only}
+                close_all()
+        if "monitor" in args.only:
+            figures["monitor"] = monitor_curve(tmp, args.passes)
+        figures["loadavg"] = os.getloadavg()[0]
+    finally:
+        for proc in busy:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+    kind = "loaded" if args.load else "quiet"
+    if not args.no_write:
+        (HERE / f"flat-{kind}.json").write_text(json.dumps(figures, indent=1) + "\n", "utf-8")
+    publish(f"bench_flat_{kind}", report(figures, args), write=not args.no_write)
+    return 0
+
+
+def report(f: dict, args) -> str:
+    met = lambda r, t: f"{r:.2f}x, {'met' if r <= t else 'NOT met'}"  # noqa: E731
+    flags = " --load" if args.load else ""
+    flags += " --pg" if args.pg else ""
+    lines = [f"## bench_flat ({'under two busy-loop processes' if args.load else 'quiet'}): costs that must not "
+             "grow with the swarm (issue 31)", "",
+             f"Machine: {machine()} · load average {f['loadavg']:.1f} at the end · shared with other engineers' "
+             "work this run (ratios are from the same run only)  ",
+             f"Command: `python benchmarks/bench_flat.py{flags} --runs {args.runs} --passes {args.passes}` "
+             "(in-process, sides alternating in chunks; medians)", "",
+             "| store | workload | measured | baseline (same run) | ratio vs target |", "|---|---|---|---|---|"]
+    for store in ("sqlite", "postgres"):
+        s = f.get(store, {})
+        if "read" in s:
+            r = s["read"]
+            lines.append(f"| {store} | `read_signals {{limit: 20}}`, 100,000 signals | {r['100000']:.2f} ms | 100 "
+                         f"signals: {r['100']:.2f} ms | {met(r['100000'] / r['100'], 1.2)} (<= 1.2x) |")
+        if "broadcast" in s:
+            b = s["broadcast"]
+            lines += [
+                f"| {store} | broadcast, 1,000 agents registered | {b['send 1000']:.2f} ms | 2 agents: "
+                f"{b['send 2']:.2f} ms | {met(b['send 1000'] / b['send 2'], 1.5)} (<= 1.5x) |",
+                f"| {store} | (floor) `SELECT id` of the 1,000 registered agents alone | {b['ids 1000']:.2f} ms | 2: "
+                f"{b['ids 2']:.2f} ms | the broadcast minus it: {b['send 1000'] - b['ids 1000']:.2f} ms vs "
+                f"{b['send 2'] - b['ids 2']:.2f} ms, "
+                f"{(b['send 1000'] - b['ids 1000']) / (b['send 2'] - b['ids 2']):.2f}x |"]
+        if "send" in s:
+            snd = s["send"]
+            lines.append(f"| {store} | `signals.send` in-process | {snd['send']:.3f} ms | raw insert, same table: "
+                         f"{snd['raw']:.3f} ms | {met(snd['send'] / snd['raw'], 2.5)} (<= 2.5x) |")
+    curves = []
+    for store in ("sqlite", "postgres"):
+        s = f.get(store, {})
+        if "read" in s:
+            curves.append(f"{store} read by signals " + ", ".join(f"{k}: {v:.2f}" for k, v in s["read"].items()))
+        if "broadcast" in s:
+            curves.append(f"{store} broadcast by agents " + ", ".join(
+                f"{k.split()[1]}: {v:.2f}" for k, v in s["broadcast"].items() if k.startswith("send")))
+    if "monitor" in f:
+        m = f["monitor"]
+        big = m[str(FILE_SIZES[-1])]
+        lines += [f"| files | `run_monitor`, {FILE_SIZES[-1]:,} heartbeat files, a repeated pass "
+                  "(a watching monitor) | "
+                  f"{big['monitor']:.0f} ms | json-loading them: {big['base']:.0f} ms | "
+                  f"{met(big['monitor'] / big['base'], 2.0)} (<= 2.0x) |",
+                  f"| files | the same, a process's first pass (`synapolis monitor` once) | {big['first']:.0f} ms | "
+                  f"json-loading them: {big['base']:.0f} ms | {met(big['first'] / big['base'], 2.0)} (<= 2.0x) |"]
+        curves.append("monitor by files (repeated / first pass / baseline) " + ", ".join(
+            f"{k}: {v['monitor']:.0f} / {v['first']:.0f} / {v['base']:.0f}" for k, v in m.items()))
+    lines += ["", "Curves (p50 ms; plot_flat.py draws them): " + "; ".join(curves) + "."]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
