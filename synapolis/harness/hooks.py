@@ -22,6 +22,8 @@ EVENT_KINDS: dict[str, dict[str, str]] = {
     "codex": {"SessionStart": "start", "UserPromptSubmit": "deliver", "PostToolUse": "deliver",
               "Stop": "idle", "SessionEnd": "end"},
 }
+# the pre-tool event of each harness: the guard's (harness.pretool), never a beat
+PRETOOL_EVENTS = {"claude-code": "PreToolUse", "gemini-cli": "BeforeTool", "codex": "PreToolUse"}
 # Only these events accept hookSpecificOutput.additionalContext (Codex's output schemas reject it
 # elsewhere: additionalProperties false).
 CONTEXT_KINDS = ("start", "deliver")
@@ -369,6 +371,8 @@ def handle(harness: str, raw: bytes | str, *, state_dir=None, env=None, now=None
         return result
     name = event_name(event)
     result["event"] = name
+    if name == PRETOOL_EVENTS[harness]:
+        return _pretool(harness, event, state_dir, env, result, now)
     kind = EVENT_KINDS[harness].get(name, "beat")
     if kind != "start" and isinstance(event.get("agent_id"), str) and event["agent_id"]:
         # Fired inside a subagent (Claude Code and Codex add agent_id/agent_type then): it keeps the
@@ -384,6 +388,18 @@ def handle(harness: str, raw: bytes | str, *, state_dir=None, env=None, now=None
             import traceback
 
             problems.append(traceback.format_exc())
+    return result
+
+
+def _pretool(harness, event, state_dir, env, result, now=None) -> dict:
+    """The pre-tool event (harness.pretool): the guard's answer, or {} (the tool runs) on any failure."""
+    try:
+        from . import pretool
+
+        pretool.handle(harness, event, state_dir, env, result, now)
+    except Exception as exc:  # noqa: BLE001 - the guard never blocks work because of its own failure
+        result["output"] = {}
+        result["problems"].append("guard: " + (getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"))
     return result
 
 
@@ -452,6 +468,10 @@ def _work(ws, harness, name, kind, state, preamble, env, result, now=None) -> No
     if kind in ("idle", "end", "beat"):
         status = {"idle": "idle", "end": "stopped", "beat": None}[kind]
         actions.beat(ws, _who(state), status=status, env=env, piggyback=False, now=now)
+        if kind == "end":  # the files guard.auto_claim claimed for this agent are free again
+            from ..autoclaim import release_all
+
+            release_all(ws, state["agent_id"], now=now)
         return
     shown, waiting, text, result["quiet"] = _deliver(ws, harness, name, state, preamble, env, now)
     result["delivered"] = [s["id"] for s in shown]

@@ -1,0 +1,250 @@
+"""The pre-tool hook (contract §14): a harness's edit of a file another live agent holds is refused in that
+harness's own shape, with who holds it, until when, and the command to ask them.
+
+Claude Code `PreToolUse` (Edit, Write, MultiEdit: `tool_input.file_path`; NotebookEdit:
+`tool_input.notebook_path`), Gemini CLI `BeforeTool` (write_file, replace: `tool_input.file_path`) and
+Codex `PreToolUse` (apply_patch: every path of the patch, harness.patch_paths). The answer is the library
+verb `guard` (synapolis.guard); this module only reads the event, asks, and words the answer.
+
+Whatever goes wrong on our side lets the tool run: an unknown tool, a path outside the project, a broken
+event, an unreachable store, a timeout (hooks.run_bounded). `guard.mode` "warn" lets it run too and adds
+the reason as context where the harness takes context before a tool (Claude Code, Codex); "off" answers
+nothing at all. With `guard.auto_claim`, an edit that is let through claims its files for the editor.
+
+Most edits meet no claim at all, so before opening any store the hook asks `nothing_held`: the SQLite
+store's claims/ folder unchanged (same mtime and inode) since a look found no claim held. docs/HOOKS.md,
+"Pre-tool events", says why that never lets a held file through.
+"""
+
+from __future__ import annotations
+
+import os
+
+# harness -> tool -> the keys of tool_input that name the file it writes ("patch": a Codex patch's paths)
+TOOLS: dict[str, dict[str, tuple]] = {
+    "claude-code": {"Edit": ("file_path",), "Write": ("file_path",), "MultiEdit": ("file_path",),
+                    "NotebookEdit": ("notebook_path",)},
+    "gemini-cli": {"write_file": ("file_path",), "replace": ("file_path",)},
+    "codex": {"apply_patch": ("patch",)},
+}
+from .hooks import PRETOOL_EVENTS as EVENTS  # noqa: E402 - loaded already whenever this module is
+
+# the matcher installed with the event: the harness starts no process at all for any other tool
+MATCHERS = {harness: "|".join(tools) for harness, tools in TOOLS.items()}
+MEMO = "guard-quiet.json"
+# A claims/ folder changed this recently is not remembered as quiet: a claim written within the same
+# tick of the file system's clock would leave its mtime as it was (git's "racy" index problem).
+RACY_S = 2.0
+SCAN_AT_MOST = 256  # claim files a hook reads to find "nothing held"; more, and it does not remember
+
+
+def tool_paths(harness: str, event: dict) -> list[str] | None:
+    """The paths the tool call would write, as the event gives them; None for a tool that writes no file
+    we know of (or an event that names none)."""
+    tools = TOOLS.get(harness, {})
+    keys = tools.get(event.get("tool_name") or event.get("toolName"))
+    if keys is None:
+        return None
+    tool_input = event.get("tool_input")
+    if tool_input is None:
+        tool_input = event.get("toolInput")
+    if keys == ("patch",):
+        from .patch_paths import patch_paths, tool_input_patch
+
+        return patch_paths(tool_input_patch(tool_input)) or None
+    if not isinstance(tool_input, dict):
+        return None
+    found = [tool_input[k] for k in keys if isinstance(tool_input.get(k), str) and tool_input[k].strip()]
+    return found or None
+
+
+def absolute(paths: list[str], event: dict, env) -> list[str]:
+    """Each path made absolute against the folder the harness works in (the event's cwd, else its
+    project directory variable, else ours); the guard decides what is inside the project."""
+    base = event.get("cwd") if isinstance(event.get("cwd"), str) else None
+    base = base or env.get("CLAUDE_PROJECT_DIR") or env.get("GEMINI_PROJECT_DIR") or os.getcwd()
+    out = []
+    for path in paths:
+        path = os.path.expanduser(path) if path.startswith("~") else path
+        out.append(os.path.normpath(path if os.path.isabs(path) else os.path.join(base, path)))
+    return out
+
+
+# -- the quiet path: no store opened when nothing is held -----------------------------------------
+
+def _memo_path(ws) -> str:
+    return os.path.join(ws.files.hook_states, MEMO)
+
+
+def _claims_stamp(ws):
+    """(mtime_ns, inode) of the claims/ folder; None when there is none (nothing was ever claimed)."""
+    st = os.stat(ws.files.claims)
+    return [st.st_mtime_ns, st.st_ino]
+
+
+def nothing_held(ws, env) -> bool:
+    """True only when no claim can be held: the SQLite store, and its claims/ folder missing or exactly as
+    it was when a look found every claim in it released or expired. Every claim change replaces a file in
+    that folder (a rename into it), which moves its mtime; a claim only stops being held by itself."""
+    from . import quiet
+
+    if not quiet._sqlite(ws, env):
+        return False
+    try:
+        stamp = _claims_stamp(ws)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    from ..atomic import read_json_or
+
+    memo = read_json_or(_memo_path(ws), None)
+    return isinstance(memo, dict) and memo.get("claims") == stamp
+
+
+def remember_quiet(ws, env, now_s: float) -> None:
+    """After a full look: remember the claims/ folder as quiet when no claim in it is held now (a bounded
+    look, best effort; not remembered means only that the next call looks again)."""
+    from . import quiet
+
+    if not quiet._sqlite(ws, env):
+        return
+    try:
+        stamp = _claims_stamp(ws)
+        if now_s - stamp[0] / 1e9 < RACY_S:
+            return
+        names = [n for n in os.listdir(ws.files.claims) if n.endswith(".json")]
+        if len(names) > SCAN_AT_MOST or _any_held(ws, names, now_s):
+            return
+        from ..atomic import atomic_write_json
+
+        os.makedirs(ws.files.hook_states, mode=0o700, exist_ok=True)
+        atomic_write_json(_memo_path(ws), {"claims": stamp}, durable=False)
+    except (OSError, ValueError):
+        return
+
+
+def _any_held(ws, names, now_s: float) -> bool:
+    """Whether any of these claim files is unreleased and unexpired at `now_s` (an unreadable one counts)."""
+    from ..atomic import read_json
+    from ..timeutil import parse_ts
+
+    for name in names:
+        try:
+            doc = read_json(os.path.join(ws.files.claims, name))
+            if doc.get("released_at") or parse_ts(doc["expires_at"]).timestamp() <= now_s:
+                continue
+        except (OSError, ValueError, KeyError, AttributeError, TypeError):
+            pass  # unreadable: it may be held
+        return True
+    return False
+
+
+# -- the answer -------------------------------------------------------------------------------------
+
+def reason_text(blocked: list[dict], agent_id: str | None, session_id: str | None, now=None) -> str:
+    """One line per blocked path: who holds it (which item), until when, and the signal command to ask."""
+    from ..timeutil import humanize_age, parse_ts
+    from .hooks import _command_hint
+
+    lines = []
+    for b in blocked:
+        holder, path = b.get("claimed_by"), b.get("path")
+        until = b.get("expires_at") or "?"
+        try:
+            left = (parse_ts(until) - now).total_seconds() if now is not None else None
+            when = f"{until} ({humanize_age(-left)})" if left is not None else until
+        except (ValueError, TypeError):
+            when = until
+        ask = _command_hint(f"signal {holder} \"may I edit {path}?\" --type query", agent_id, session_id, None) \
+            if agent_id else f"synapolis signal {holder} \"may I edit {path}?\" --type query"
+        lines.append(f"synapolis: {path} is claimed by {holder} (claim {b.get('item')}, token {b.get('token')}) "
+                     f"until {when}. Do not edit it now; ask the holder with: {ask}")
+    return "\n".join(lines)
+
+
+def answer(harness: str, mode: str, reason: str) -> dict:
+    """The refusal (mode "deny") or the warning as context ("warn") in the harness's own shape."""
+    name = EVENTS[harness]
+    if mode == "deny":
+        if harness == "gemini-cli":
+            return {"decision": "deny", "reason": reason}
+        return {"hookSpecificOutput": {"hookEventName": name, "permissionDecision": "deny",
+                                       "permissionDecisionReason": reason}}
+    if harness == "gemini-cli":
+        # Gemini CLI's BeforeTool takes no context for the model (only AfterTool does): the person sees it
+        return {"systemMessage": reason}
+    return {"hookSpecificOutput": {"hookEventName": name, "additionalContext": reason}}
+
+
+# -- the event ---------------------------------------------------------------------------------------
+
+def handle(harness: str, event: dict, state_dir, env, result: dict, now=None) -> None:
+    """Decide one pre-tool event into `result["output"]` ({} lets the tool run). Raises nothing the caller
+    must not swallow: hooks.handle turns any exception into a line on stderr and an empty answer."""
+    paths = tool_paths(harness, event)
+    if not paths:
+        return
+    from . import hooks, quiet
+
+    ws = hooks._workspace(state_dir, env, event)
+    mode, auto = ws.config.guard_mode, ws.config.auto_claim
+    if mode == "off":
+        return
+    if not auto and nothing_held(ws, env):
+        return  # no claim anywhere: no store opened, no identity needed
+    wanted = absolute(paths, event, env)
+    state = _conversation_state(ws, harness, event, env)
+    agent_id = state.get("agent_id") or hooks.agent_id_for(harness, hooks.conversation_id(event), env)
+    result["agent_id"] = agent_id
+    from ..guard import guard
+    from ..identity import Who
+
+    seconds, _stamp = quiet.clock(now)
+    verdict = guard(ws, Who(agent_id, state.get("session_id"), named_only=True), wanted, now=now)
+    blocked = verdict.get("blocked") or []
+    if blocked:
+        from ..store import clock
+
+        moment = clock(ws, now)
+        result["blocked"] = blocked
+        result["output"] = answer(harness, mode, reason_text(blocked, agent_id, state.get("session_id"), moment))
+        return
+    if auto:
+        result["claimed"] = _auto_claim(ws, harness, event, env, state, wanted, result, now)
+    else:
+        remember_quiet(ws, env, seconds)
+
+
+def _conversation_state(ws, harness, event, env) -> dict:
+    """The conversation's saved hook state (its agent id, session, run token), as the other events keep
+    it; {} when it never registered (then it holds no claim, and acts as its derived id)."""
+    from . import hooks, quiet
+
+    conversation = hooks.conversation_id(event)
+    key = quiet.known_key(ws, harness, conversation, env) or hooks.agent_id_for(harness, conversation, env)
+    try:
+        state = hooks.load_state(ws, key)
+    except Exception:  # noqa: BLE001 - a damaged or planted state file: act as nobody known
+        return {}
+    if state.get("conversation_id") not in (None, conversation) or state.get("harness") not in (None, harness):
+        return {}
+    return state
+
+
+def _auto_claim(ws, harness, event, env, state, wanted, result, now=None) -> list[str]:
+    """Claim the edited files (those inside the project whose names are claim items) for the editor,
+    registering the conversation first when no hook did yet."""
+    from .. import autoclaim
+    from ..guard import claim_items
+    from . import hooks
+
+    items = claim_items(ws, wanted)
+    if not items:
+        return []
+    ws = ws.ensure()
+    if not (state.get("run_token") and hooks._session_active(ws, state.get("session_id"))):
+        conversation = hooks.conversation_id(event)
+        key = hooks.agent_id_for(harness, conversation, env)
+        state = hooks._register(ws, harness, key, conversation, event, env, result["problems"], refresh=False, now=now)
+    return autoclaim.claim_edits(ws, state["agent_id"], state.get("session_id"), items, now=now)
