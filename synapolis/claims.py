@@ -38,11 +38,15 @@ REAPED_HOLDER_STATUSES = frozenset({"dead"})
 def encode_item(item: str) -> str:
     """The file-name stem of a (validated) item: percent-encoding of everything outside [A-Za-z0-9_.-].
 
-    '/' is always escaped, so the name is one path component; a valid item starts with a letter or
-    digit, so the name is never hidden, '.', '..' or a temp file. Too long: a truncated prefix, '~'
-    (which no valid item contains, so it cannot collide with a short name) and the item's sha256.
+    '/' is always escaped, so the name is one path component, and so are the pattern characters `*?[]`;
+    a leading '.' (`.github/...`) is escaped too, so the name is never hidden, '.', '..' or a temp file
+    (an item starting with a letter or digit, every item before path patterns, keeps its old name).
+    Too long: a truncated prefix, '~' (which no valid item contains, so it cannot collide with a short
+    name) and the item's sha256.
     """
     stem = "".join(ch if ch in _SAFE else f"%{ord(ch):02X}" for ch in item)
+    if stem.startswith("."):
+        stem = "%2E" + stem[1:]
     if len(stem) > MAX_STEM:
         from .names import sha256_hex
 

@@ -11,7 +11,8 @@ from .errors import ForbiddenError, UsageError
 # on every CLI call)
 ID_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-"
 # a pattern, compiled by `re` on first use: only claims need it (0.2 ms of every CLI call otherwise)
-_ITEM_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]*$"
+_ITEM_PATTERN = r"^[A-Za-z0-9._*?\[\]][A-Za-z0-9_.:/@+*?\[\]-]*$"
+ITEM_RULE = "^[A-Za-z0-9._*?\\[\\]][A-Za-z0-9_.:/@+*?\\[\\]-]*$, no '.' or '..' segment, no '//'"
 MAX_ID = 128
 MAX_ITEM = 200
 # the names synapolis itself speaks with (the watchdog's warnings come from `synapolis.watchdog`):
@@ -79,16 +80,24 @@ def validate_session_id(value, what: str = "session id") -> str:
 
 
 def validate_claim_item(value, what: str = "claim item") -> str:
+    """A claim item (contract §2): a `word:` name, or a path pattern relative to the project (§14)."""
     if not isinstance(value, str) or value == "":
-        raise UsageError(f"{what} must not be empty (rule: ^[A-Za-z0-9][A-Za-z0-9_.:/@+-]*$)")
+        raise UsageError(f"{what} must not be empty (rule: {ITEM_RULE})")
     if len(value) > MAX_ITEM:
         raise UsageError(f"{what} {_shown(value)} is longer than {MAX_ITEM} characters")
     if not re.fullmatch(_ITEM_PATTERN, value):
-        raise UsageError(f"{what} {_shown(value)} breaks the rule ^[A-Za-z0-9][A-Za-z0-9_.:/@+-]*$")
+        raise UsageError(f"{what} {_shown(value)} breaks the rule {ITEM_RULE}")
     if "//" in value:
         raise UsageError(f"{what} {_shown(value)} may not contain '//'")
-    if any(part == ".." for part in value.split("/")):
-        raise UsageError(f"{what} {_shown(value)} may not contain a '..' segment")
+    if any(part in (".", "..") for part in value.split("/")):
+        raise UsageError(f"{what} {_shown(value)} may not contain a '.' or '..' segment")
+    from .pathpatterns import PatternError, check_pattern, is_name
+
+    if not is_name(value):
+        try:
+            check_pattern(value)
+        except PatternError as exc:
+            raise UsageError(f"{what} {_shown(value)} is not a readable path pattern: {exc}") from None
     return value
 
 

@@ -50,14 +50,18 @@ def test_bad_session_ids(name):
 
 
 @pytest.mark.parametrize("item", ["src/api/users.py", "ticket:142", "a", "user@host", "v1.2+build", "a/b.c/d",
-                                  "x" * 200, "a/.hidden", "a...b"])
+                                  "x" * 200, "a/.hidden", "a...b",
+                                  # contract §2 widened (§14): path patterns and dot-files
+                                  ".github/workflows/ci.yml", "src/api/**", "src/*.py", "**/*.md", "src/[ab]?.py",
+                                  "src/api/", ".x", "**", "ticket:[1"])
 def test_good_claim_items(item):
     assert validate_claim_item(item) == item
 
 
 @pytest.mark.parametrize("item,rule", [
-    ("", "empty"), ("../x", "rule"), ("a/../b", "'..' segment"), ("a/..", "'..' segment"), ("a//b", "'//'"),
-    ("/abs", "rule"), (".x", "rule"), ("-x", "rule"), ("x" * 201, "longer than 200"), ("a b", "rule"),
+    ("", "empty"), ("../x", "'..' segment"), ("a/../b", "'..' segment"), ("a/..", "'..' segment"), ("a//b", "'//'"),
+    ("/abs", "rule"), ("./x", "'.' or '..' segment"), ("a/./b", "'.' or '..' segment"), ("-x", "rule"),
+    ("src/[ab", "never closed"), ("src/[z-a].py", "range z-a"), ("a!b", "rule"), ("a^b", "rule"), ("x" * 201, "longer than 200"), ("a b", "rule"),
     ("a\\b", "rule"), ("a\x00", "rule"),
 ])
 def test_bad_claim_items(item, rule):
