@@ -19,6 +19,7 @@ store's claims/ folder unchanged (same mtime and inode) since a look found no cl
 from __future__ import annotations
 
 import os
+import time
 
 # harness -> tool -> the keys of tool_input that name the file it writes ("patch": a Codex patch's paths)
 TOOLS: dict[str, dict[str, tuple]] = {
@@ -111,7 +112,7 @@ def remember_quiet(ws, env, now_s: float) -> None:
         return
     try:
         stamp = _claims_stamp(ws)
-        if now_s - stamp[0] / 1e9 < RACY_S:
+        if time.time() - stamp[0] / 1e9 < RACY_S:  # the file system's clock, whatever `now_s` says
             return
         names = [n for n in os.listdir(ws.files.claims) if n.endswith(".json")]
         if len(names) > SCAN_AT_MOST or _any_held(ws, names, now_s):
@@ -149,7 +150,7 @@ def reason_text(blocked: list[dict], agent_id: str | None, session_id: str | Non
 
     lines = []
     for b in blocked:
-        holder, path = b.get("claimed_by"), b.get("path")
+        holder, path = b.get("claimed_by"), b.get("relative_path") or b.get("path")
         until = b.get("expires_at") or "?"
         try:
             left = (parse_ts(until) - now).total_seconds() if now is not None else None
@@ -201,7 +202,8 @@ def handle(harness: str, event: dict, state_dir, env, result: dict, now=None) ->
     from ..identity import Who
 
     seconds, _stamp = quiet.clock(now)
-    verdict = guard(ws, Who(agent_id, state.get("session_id"), named_only=True), wanted, now=now)
+    who = Who(agent_id, state.get("session_id"), state.get("run_token"), named_only=True)
+    verdict = guard(ws, who, wanted, now=now, env=env)
     blocked = verdict.get("blocked") or []
     if blocked:
         from ..store import clock
@@ -236,7 +238,6 @@ def _auto_claim(ws, harness, event, env, state, wanted, result, now=None) -> lis
     """Claim the edited files (those inside the project whose names are claim items) for the editor,
     registering the conversation first when no hook did yet."""
     from .. import autoclaim
-    from ..guard import claim_items
     from . import hooks
 
     items = claim_items(ws, wanted)
@@ -248,3 +249,26 @@ def _auto_claim(ws, harness, event, env, state, wanted, result, now=None) -> lis
         key = hooks.agent_id_for(harness, conversation, env)
         state = hooks._register(ws, harness, key, conversation, event, env, result["problems"], refresh=False, now=now)
     return autoclaim.claim_edits(ws, state["agent_id"], state.get("session_id"), items, now=now)
+
+
+def claim_items(ws, wanted: list[str]) -> list[str]:
+    """The claim items (project-relative paths, case kept) of the absolute paths `wanted` that lie inside
+    the project and are valid items as they are: a file name with a space, or with a wildcard character
+    that would make it a pattern, is not auto-claimed."""
+    from ..errors import UsageError
+    from ..names import validate_claim_item
+    from ..pathpatterns import has_wildcards, is_name
+    from ..project import project_of, relative_path
+
+    root, _fold = project_of(ws)
+    items = []
+    for path in wanted:
+        rel = relative_path(path, root, False)
+        if rel is None or has_wildcards(rel) or is_name(rel) or rel in items:
+            continue
+        try:
+            validate_claim_item(rel)
+        except UsageError:
+            continue
+        items.append(rel)
+    return items
