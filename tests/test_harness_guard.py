@@ -109,3 +109,34 @@ def test_auto_claim_two_claude_code_sessions_second_is_refused_until_the_first_e
     finally:
         third.close()
     assert target.read_text() == "second = 2\n"
+
+
+# -- Gemini CLI -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["deny", "warn"])
+def test_gemini_cli_refuses_the_write_and_its_model_reads_who_to_ask(repo, tmp_path, mode):
+    project, ws = repo
+    configure(ws, guard={"mode": mode})
+    hook_install.install("gemini-cli", project)
+    home = tmp_path / "gemini-home"
+    (home / ".gemini").mkdir(parents=True)
+    (home / ".gemini" / "settings.json").write_text(json.dumps({"security": {"auth": {"selectedType": "gemini-api-key"}}}))
+    (home / ".gemini" / "trustedFolders.json").write_text(json.dumps({str(project): "TRUST_FOLDER"}))
+    (tmp_path / "tmp").mkdir()
+    target = project / "src" / "api" / "users.py"
+    model = ScriptedModel("gemini", [("write_file", {"file_path": str(target), "content": "x = 1\n"})])
+    env = harness_env(home, ws.paths.root, GEMINI_API_KEY="stand-in", GOOGLE_GEMINI_BASE_URL=model.url,
+                      GEMINI_CLI_HOME=str(home), TMPDIR=str(tmp_path / "tmp"),
+                      GEMINI_CLI_SYSTEM_SETTINGS_PATH=str(tmp_path / "etc-gemini" / "settings.json"))
+    for name in ("GEMINI_CLI_TRUST_WORKSPACE", "GEMINI_CLI_TRUSTED_FOLDERS_PATH", "GEMINI_CLI_SYSTEM_DEFAULTS_PATH"):
+        env.pop(name, None)
+    try:
+        subprocess.run([require_harness("gemini"), "-p", "go", "--approval-mode", "auto_edit", "-m", "gemini-2.5-pro"], cwd=project, env=env,
+                       capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    finally:
+        model.close()
+    (after,) = model.with_result(1)
+    assert "alice" in after and "synapolis signal alice" in after and "src/api/users.py" in after, after[-3000:]
+    # refused: the tool's error; warned: the write happened and AfterTool's context carries the reason
+    assert ("Tool execution blocked" in after) == (mode == "deny") and target.exists() == (mode == "warn")
+    assert ("<hook_context>synapolis: src/api/users.py" in after) == (mode == "warn")

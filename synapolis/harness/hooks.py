@@ -403,6 +403,14 @@ def _pretool(harness, event, state_dir, env, result, now=None) -> dict:
     return result
 
 
+def _pending_warning(ws, harness, conversation, env) -> str | None:
+    if harness != "gemini-cli":
+        return None
+    from .pretool import take_warning
+
+    return take_warning(ws, harness, conversation, env)
+
+
 def _act(harness, event, name, kind, state_dir, env, result, now=None) -> None:
     from ..errors import ForbiddenError, UsageError
     from . import quiet
@@ -424,7 +432,9 @@ def _act(harness, event, name, kind, state_dir, env, result, now=None) -> None:
             indexed = True
 
     seconds, stamp = quiet.clock(now)  # the quiet path is SQLite's only: the local clock
-    if kind == "deliver" and quiet.still_quiet(ws, state, env, seconds):
+    # a guard warning (guard.mode warn) that Gemini CLI's BeforeTool could not give the model: given now
+    warning = _pending_warning(ws, harness, conversation, env) if kind == "deliver" else None
+    if kind == "deliver" and not warning and quiet.still_quiet(ws, state, env, seconds):
         result["agent_id"] = state["agent_id"]
         quiet.refresh(ws, state, stamp)  # nothing new since the last drain: no store opened
         return
@@ -432,7 +442,7 @@ def _act(harness, event, name, kind, state_dir, env, result, now=None) -> None:
     if kind == "end" and not (state.get("run_token") and _session_active(ws, state.get("session_id"))):
         result["agent_id"] = state.get("agent_id") or key
         return  # not registered by this conversation, or its session is over: nobody of ours to stop
-    preamble = []
+    preamble = [warning] if warning else []
     # Register on SessionStart, and whenever this conversation is in no live session (hooks installed
     # mid-conversation, its hooks/ file lost, or the session ended by consensus sleep and work resumed).
     if kind == "start" or not (state.get("run_token") and _session_active(ws, state.get("session_id"))):

@@ -143,7 +143,7 @@ def _any_held(ws, names, now_s: float) -> bool:
 
 # -- the answer -------------------------------------------------------------------------------------
 
-def reason_text(blocked: list[dict], agent_id: str | None, session_id: str | None, now=None) -> str:
+def reason_text(blocked: list[dict], agent_id: str | None, session_id: str | None, now=None, mode: str = "deny") -> str:
     """One line per blocked path: who holds it (which item), until when, and the signal command to ask."""
     from ..timeutil import humanize_age, parse_ts
     from .hooks import _command_hint
@@ -159,8 +159,10 @@ def reason_text(blocked: list[dict], agent_id: str | None, session_id: str | Non
             when = until
         ask = _command_hint(f"signal {holder} \"may I edit {path}?\" --type query", agent_id, session_id, None) \
             if agent_id else f"synapolis signal {holder} \"may I edit {path}?\" --type query"
+        advice = "Do not edit it now; ask the holder with" if mode == "deny" else \
+            "This edit was let through (guard.mode warn), but coordinate with the holder:"
         lines.append(f"synapolis: {path} is claimed by {holder} (claim {b.get('item')}, token {b.get('token')}) "
-                     f"until {when}. Do not edit it now; ask the holder with: {ask}")
+                     f"until {when}. {advice.rstrip(':')}: {ask}")
     return "\n".join(lines)
 
 
@@ -176,6 +178,49 @@ def answer(harness: str, mode: str, reason: str) -> dict:
         # Gemini CLI's BeforeTool takes no context for the model (only AfterTool does): the person sees it
         return {"systemMessage": reason}
     return {"hookSpecificOutput": {"hookEventName": name, "additionalContext": reason}}
+
+
+# Gemini CLI takes no context from BeforeTool, only from AfterTool: a warning is kept for the same
+# conversation's next AfterTool (hooks._act), which adds it to the context it gives the model.
+
+def _warning_path(ws, harness: str, conversation: str, env) -> str | None:
+    from .quiet import index_name
+
+    name = index_name(harness, conversation, env)
+    return None if name is None else os.path.join(ws.files.hook_states, "warnings", f"{name}.txt")
+
+
+def stash_warning(ws, harness: str, conversation: str, env, reason: str) -> None:
+    path = _warning_path(ws, harness, conversation, env)
+    if path is None:
+        return
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        os.write(fd, (reason + "\n").encode("utf-8"))
+    finally:
+        os.close(fd)
+
+
+def take_warning(ws, harness: str, conversation: str, env) -> str | None:
+    """The warnings kept for this conversation, taken (the file removed first: given once); None if none."""
+    path = _warning_path(ws, harness, conversation, env)
+    if path is None:
+        return None
+    taken = path + ".taken"
+    try:
+        os.rename(path, taken)
+    except OSError:
+        return None
+    try:
+        with open(taken, "rb") as handle:
+            text = handle.read(64 * 1024).decode("utf-8", "replace").strip()[:4000]  # within every budget
+    finally:
+        try:
+            os.unlink(taken)
+        except OSError:
+            pass
+    return text or None
 
 
 # -- the event ---------------------------------------------------------------------------------------
@@ -210,7 +255,10 @@ def handle(harness: str, event: dict, state_dir, env, result: dict, now=None) ->
 
         moment = clock(ws, now)
         result["blocked"] = blocked
-        result["output"] = answer(harness, mode, reason_text(blocked, agent_id, state.get("session_id"), moment))
+        reason = reason_text(blocked, agent_id, state.get("session_id"), moment, mode)
+        result["output"] = answer(harness, mode, reason)
+        if mode == "warn" and harness == "gemini-cli":
+            stash_warning(ws, harness, hooks.conversation_id(event), env, reason)
         return
     if auto:
         result["claimed"] = _auto_claim(ws, harness, event, env, state, wanted, result, now)
