@@ -140,3 +140,32 @@ def test_gemini_cli_refuses_the_write_and_its_model_reads_who_to_ask(repo, tmp_p
     # refused: the tool's error; warned: the write happened and AfterTool's context carries the reason
     assert ("Tool execution blocked" in after) == (mode == "deny") and target.exists() == (mode == "warn")
     assert ("<hook_context>synapolis: src/api/users.py" in after) == (mode == "warn")
+
+
+# -- Codex ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["deny", "warn"])
+def test_codex_refuses_the_patch_and_its_model_reads_who_to_ask(repo, tmp_path, mode):
+    project, ws = repo
+    configure(ws, guard={"mode": mode})
+    # a patch that adds a free file and one alice holds: the whole patch is refused (deny)
+    patch = "*** Begin Patch\n*** Add File: src/free.py\n+ok = 1\n*** Add File: src/api/users.py\n+x = 1\n*** End Patch\n"
+    model = ScriptedModel("openai", [("apply_patch", patch)])
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    # gpt-5.5: a model Codex 0.171 knows, so it offers its freeform apply_patch tool
+    (home / "config.toml").write_text(
+        f'model = "gpt-5.5"\nmodel_provider = "standin"\n\n[model_providers.standin]\nname = "standin"\n'
+        f'base_url = "{model.url}/v1"\nwire_api = "responses"\nenv_key = "STANDIN_KEY"\n\n'
+        f'[projects.{json.dumps(str(project))}]\ntrust_level = "trusted"\n')
+    env = harness_env(tmp_path, ws.paths.root, CODEX_HOME=str(home), STANDIN_KEY="stand-in")
+    hook_install.install("codex", project, trust=True, env=env)
+    try:
+        subprocess.run([require_harness("codex"), "exec", "--dangerously-bypass-approvals-and-sandbox", "go"],
+                       cwd=project, env=env, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL)
+    finally:
+        model.close()
+    (after,) = model.with_result(1)
+    assert "alice" in after and "synapolis signal alice" in after and "src/api/users.py" in after, after[-3000:]
+    assert (project / "src" / "api" / "users.py").exists() == (mode == "warn")
+    assert (project / "src" / "free.py").exists() == (mode == "warn")
