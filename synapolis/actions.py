@@ -539,7 +539,7 @@ def claim(ws, who: Who | None, item: str, *, ttl_s: float | None = None, wait_s:
     from . import claims
 
     # refuse bad input before as_agent writes anything (a heartbeat refresh is a write)
-    validate_claim_item(item)
+    item = validate_claim_item(_item(ws, item))
     claims.check_ttl(ttl_s, ws.config)
     claims.check_wait(wait_s)
     with as_agent(ws, who, env=env, piggyback=piggyback, need_session=False, need_registration=False,
@@ -548,7 +548,16 @@ def claim(ws, who: Who | None, item: str, *, ttl_s: float | None = None, wait_s:
         record = claims.claim(ws, item, call.agent_id, session_id=call.session_id, ttl_s=ttl_s, wait_s=wait_s,
                               now=now)
         # the claim happened: a busy store only costs the piggyback, never the verb's exit code
-        return call.finish({"claim": dict(record), "event": getattr(record, "event", None)}, best_effort=True)
+        answer = dict(record)
+        answer["overlaps"] = list(getattr(record, "overlaps", []))
+        return call.finish({"claim": answer, "event": getattr(record, "event", None)}, best_effort=True)
+
+
+def _item(ws, item):
+    """A path item normalised (`./`, `//`, an absolute path inside the project; contract §14); a name as given."""
+    from .project import normalize_item
+
+    return normalize_item(ws, item)
 
 
 def release(ws, who: Who | None, item: str, *, force: bool = False, reason: str | None = None, env=None,
@@ -556,7 +565,7 @@ def release(ws, who: Who | None, item: str, *, force: bool = False, reason: str 
     """Release `item` as the caller (another's only with force and a reason)."""
     from . import claims
 
-    validate_claim_item(item)
+    item = validate_claim_item(_item(ws, item))
     claims.check_force(force, reason)
     with as_agent(ws, who, env=env, piggyback=piggyback, need_session=False, need_registration=False,
                   now=now) as call:
@@ -573,5 +582,12 @@ def claim_check(ws, who: Who | None, item: str, token, *, env=None, now: datetim
     verb either: the CLI's `claims` calls `claims.list_claims`, as the status screen does.)"""
     from . import claims
 
-    return {"claim": claims.check(ws, item, token, now=now), "live": True, "pending_signals": [],
+    return {"claim": claims.check(ws, _item(ws, item), token, now=now), "live": True, "pending_signals": [],
             "pending_remaining": 0}
+
+
+def guard(ws, who: Who | None = None, paths=(), *, env=None, now: datetime | None = None) -> dict:
+    """May the caller write `paths`? (contract §14; synapolis.guard.guard). A pure query: no refresh, no delivery."""
+    from .guard import guard as ask
+
+    return ask(ws, who, paths, now=now, env=env)

@@ -1,47 +1,178 @@
-"""Who holds a path (contract §14): the held path claims, looked up by their literal prefix."""
+"""Who holds a path (contract §14): the path claims that may be held, indexed by literal prefix, and the
+overlap check a path claim passes before it is granted.
+
+Every path claim is keyed by its pattern's leading literal segments, lower-cased (`src/api` for
+`src/api/*.py`, "" for `**/*.md`): a path can only match a pattern whose prefix is one of the path's
+own leading runs of segments, and two patterns can only overlap when one's prefix leads the other's.
+So "who holds `src/api/users.py`" looks at five keys, not at every claim, and a claim of `src/api/**`
+looks at the keys on its own line. The index is only a filter: each candidate's pattern is then
+matched exactly (pathpatterns) and its claim record read afresh, so the record stays the truth.
+
+On the SQLite store the index is `state/claims-index.json` ({item: prefix} of every path claim that
+may be held), changed under the path-claims lock (claims.file_slot): an item is added before its claim
+file is written and removed after its release is, so a crash leaves at most an extra candidate, never
+a missing one. A missing or unreadable index is rebuilt from the claim files by the next writer, and a
+reader scans the claim files meanwhile. On PostgreSQL it is the table `claim_paths`, changed in the
+claim's own transaction.
+"""
 
 from __future__ import annotations
 
+import os
 from datetime import datetime
 
-from .pathpatterns import compile_pattern, is_name, matches, prefixes_of
+from .pathpatterns import compile_pattern, is_name, literal_prefix, matches, overlaps_compiled, prefixes_of
+
+INDEX_FILE = "claims-index.json"
+INDEX_VERSION = 1
 
 
-def held_path_records(ws, now: datetime) -> list[dict]:
-    """Every path claim held at `now` (unreleased, unexpired), whoever holds it."""
-    from .claims import _is_record, claim_state
-    from .store import store_for
+def index_prefix(item: str) -> str:
+    """The key of a path claim in the index: its literal prefix, lower-cased (a superset when the file system
+    heeds case; exact matching comes after)."""
+    return literal_prefix(item).lower()
 
-    out = []
-    for doc, _name, _error in store_for(ws).claim_documents():
-        if _is_record(doc) and not is_name(doc["item"]) and claim_state(doc, now) == "held":
-            out.append(doc)
+
+def lines_of(prefix: str) -> list[str]:
+    """The prefixes a pattern with this prefix may overlap, at or above it: "" and each leading run."""
+    return prefixes_of(prefix) if prefix else [""]
+
+
+def is_path_item(item: str) -> bool:
+    return not is_name(item)
+
+
+# --- the SQLite store's index file --------------------------------------------------------------------
+
+def index_path(ws) -> str:
+    return os.path.join(ws.files.root, INDEX_FILE)
+
+
+def read_file_index(ws) -> dict | None:
+    """{item: prefix}, or None when there is no usable index (never written, removed, damaged)."""
+    from .atomic import read_json
+
+    try:
+        doc = read_json(index_path(ws))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get("schema_version") != INDEX_VERSION or not isinstance(doc.get("items"), dict):
+        return None
+    return doc["items"]
+
+
+def _scan_items(ws) -> dict:
+    """{item: prefix} of every unreleased path claim, from the claim files themselves."""
+    from .claims import _is_record, file_documents
+
+    out = {}
+    for doc, _name, _error in file_documents(ws):
+        if _is_record(doc) and is_path_item(doc["item"]) and not doc.get("released_at"):
+            out[doc["item"]] = index_prefix(doc["item"])
     return out
+
+
+def _write_file_index(ws, items: dict) -> None:
+    from .atomic import atomic_write_json
+
+    atomic_write_json(index_path(ws), {"schema_version": INDEX_VERSION, "items": items})
+
+
+def file_index_change(ws, item: str, held: bool) -> None:
+    """Put `item` in the index (`held`) or take it out; under the path-claims lock. A missing index is
+    rebuilt from the claim files first."""
+    items = read_file_index(ws)
+    if items is None:
+        items = _scan_items(ws)
+    elif (item in items) == held:
+        return
+    if held:
+        items[item] = index_prefix(item)
+    else:
+        items.pop(item, None)
+    _write_file_index(ws, items)
+
+
+def file_candidates(ws, prefixes, under: str | None = None) -> list[str]:
+    """The items of the index whose prefix is in `prefixes`, or lies under `under` (a prefix, "" for
+    everything); without an index, the same from the claim files."""
+    items = read_file_index(ws)
+    if items is None:
+        items = _scan_items(ws)
+    wanted = set(prefixes)
+    below = None if under is None else (under + "/" if under else "")
+    return [item for item, prefix in items.items()
+            if prefix in wanted or (below is not None and prefix.startswith(below) and prefix != under)]
+
+
+def file_records(ws, items) -> dict:
+    """{item: its claim record} read afresh from the claim files (unreadable or missing ones left out)."""
+    from .claims import file_document
+    from .errors import SynapolisError
+
+    out = {}
+    for item in items:
+        try:
+            record, _existed = file_document(ws, item)
+        except SynapolisError:
+            continue
+        if record is not None:
+            out[item] = record
+    return out
+
+
+# --- the questions ---------------------------------------------------------------------------------
+
+def _held(record: dict, now: datetime) -> bool:
+    from .claims import claim_state
+
+    return claim_state(record, now) == "held"
 
 
 def holders_of(ws, rel_paths: list[str], now: datetime) -> dict[str, list[dict]]:
-    """{path: [held claim records whose pattern matches it]} for normalised project-relative paths."""
+    """{path: [records of claims held at `now` whose pattern matches it]} for normalised project-relative
+    paths (lower-cased when the project's file system ignores case)."""
     from .project import project_of
+    from .store import store_for
 
     _root, fold = project_of(ws)
-    by_prefix: dict[str, list[tuple[tuple, dict]]] = {}
-    for record in held_path_records(ws, now):
-        compiled = compile_pattern(record["item"], fold)
-        prefix = "/".join(s for s in _literal_head(compiled))
-        by_prefix.setdefault(prefix, []).append((compiled, record))
-    out: dict[str, list[dict]] = {}
-    for path in rel_paths:
-        for prefix in prefixes_of(path):
-            for compiled, record in by_prefix.get(prefix, ()):
+    store = store_for(ws)
+    keys = {path: prefixes_of(path.lower()) for path in rel_paths}
+    wanted = sorted({p for ps in keys.values() for p in ps})
+    candidates = store.path_claim_candidates(wanted)
+    if not candidates:
+        return {}
+    by_prefix: dict[str, list[tuple[str, tuple]]] = {}
+    for item in candidates:
+        by_prefix.setdefault(index_prefix(item), []).append((item, compile_pattern(item, fold)))
+    hits: dict[str, list[str]] = {}
+    for path, prefixes in keys.items():
+        for prefix in prefixes:
+            for item, compiled in by_prefix.get(prefix, ()):
                 if matches(compiled, path):
-                    out.setdefault(path, []).append(record)
+                    hits.setdefault(path, []).append(item)
+    if not hits:
+        return {}
+    records = store.claim_records(sorted({i for items in hits.values() for i in items}))
+    out: dict[str, list[dict]] = {}
+    for path, items in hits.items():
+        for item in items:
+            record = records.get(item)
+            if record is not None and _held(record, now):
+                out.setdefault(path, []).append(record)
     return out
 
 
-def _literal_head(compiled: tuple) -> list[str]:
-    head = []
-    for seg in compiled:
-        if not isinstance(seg, str) or seg == "**":
-            break
-        head.append(seg)
-    return head
+def overlapping(slot, item: str, now: datetime, fold: bool) -> list[dict]:
+    """The records of the claims held at `now` whose pattern overlaps the path pattern `item` (itself left
+    out), read through `slot`, which holds the path-claims lock."""
+    prefix = index_prefix(item)
+    candidates = [c for c in slot.path_claim_candidates(lines_of(prefix), under=prefix) if c != item]
+    if not candidates:
+        return []
+    mine = compile_pattern(item, fold)
+    hits = [c for c in candidates if overlaps_compiled(mine, compile_pattern(c, fold))]
+    if not hits:
+        return []
+    records = slot.claim_records(hits)
+    return [records[c] for c in hits if c in records and _held(records[c], now)]

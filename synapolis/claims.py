@@ -15,7 +15,9 @@ from .atomic import (JsonlLog, atomic_write_json, json_files, locked, open_regul
                      restorable)
 from .errors import (BusyError, ConflictError, ForbiddenError, InternalError, NotFoundError, StaleToken,
                      SynapolisError, UsageError)
+from .claim_index import file_candidates, file_index_change, file_records
 from .names import check_text, validate_agent_id, validate_claim_item, validate_session_id
+from .pathpatterns import is_name
 from .store import clock
 from .timeutil import format_ts, humanize_age, parse_ts
 
@@ -31,6 +33,7 @@ _PREFIX = 110
 _SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 # a claim whose holder is in one of these is released by the watchdog (stale holders may come back)
 REAPED_HOLDER_STATUSES = frozenset({"dead"})
+PATHS_LOCK = "claim-paths"  # .locks/claim-paths.lock: held by every change of a path claim
 
 
 # --- names and files ---------------------------------------------------------------------------
@@ -93,12 +96,13 @@ class _item_lock:
     on Windows), so a holder on either side excludes the other (docs/CLAIMS.md, "The lock").
     """
 
-    def __init__(self, ws, item: str):
+    def __init__(self, ws, item: str, path: str | None = None):
         self.ws, self.item = ws, item
+        self.path = path or _lock_file(ws, item)
         self.held = None  # the entered atomic.locked, or the acquired FileLock
 
     def __enter__(self) -> None:
-        path = _lock_file(self.ws, self.item)
+        path = self.path
         fast = _try_item_lock(path)
         if fast is not None:
             self.held = fast
@@ -327,12 +331,23 @@ class FileSlot:
         and its line is repaired by the next change of the item (_repair).
         """
         history = record.get("transitions") or []
+        path_item = not is_name(self.item)
+        if path_item and not record.get("released_at"):
+            file_index_change(self.ws, self.item, True)  # before the file: a crash leaves a candidate, never a gap
         with self._log() as log, restorable(self.path):
             _repair(log, record, history[-2] if len(history) >= 2 else None)
             if history:
                 history[-1]["log_at"] = os.fstat(log.fd).st_size
             atomic_write_json(self.path, record)
             log.append(event)
+        if path_item and record.get("released_at"):
+            file_index_change(self.ws, self.item, False)
+
+    def path_claim_candidates(self, prefixes, under: str | None = None) -> list[str]:
+        return file_candidates(self.ws, prefixes, under)
+
+    def claim_records(self, items) -> dict:
+        return file_records(self.ws, items)
 
     def settle(self) -> None:
         """Nothing changes (releasing a released claim), but a crashed change's missing line is logged."""
@@ -351,17 +366,31 @@ class file_slot:
     def __init__(self, ws, item: str):
         self.ws, self.item = ws, item
         self.lock = _item_lock(ws, item)
+        # every change of a path claim holds one lock for all of them, taken before the item's own: two
+        # overlapping patterns (`src/**`, `src/a.py`) are different items, and only one may win (§14)
+        self.paths_lock = None if is_name(item) else _item_lock(ws, item, ws.files.lock(PATHS_LOCK))
 
     def __enter__(self) -> FileSlot:
-        self.lock.__enter__()
+        if self.paths_lock is not None:
+            self.paths_lock.__enter__()
+        try:
+            self.lock.__enter__()
+        except BaseException:
+            if self.paths_lock is not None:
+                self.paths_lock.__exit__(None, None, None)
+            raise
         try:
             return FileSlot(self.ws, self.item)
         except BaseException:
-            self.lock.__exit__(None, None, None)
+            self.__exit__(None, None, None)
             raise
 
     def __exit__(self, *exc) -> None:
-        self.lock.__exit__(*exc)
+        try:
+            self.lock.__exit__(*exc)
+        finally:
+            if self.paths_lock is not None:
+                self.paths_lock.__exit__(*exc)
 
 
 def file_document(ws, item: str) -> tuple[dict | None, bool]:
@@ -398,6 +427,7 @@ class Claim(dict):
         # for the CLI, which only claims
         self._stop = None
         self._thread = None
+        self.overlaps: list[str] = []  # the caller's own held items overlapping this path claim (§14)
 
     @property
     def token(self) -> int:
@@ -532,22 +562,40 @@ def claim(ws, item: str | None = None, agent_id: str | None = None, session_id: 
     ws.ensure()
     started = time.monotonic()
     delay, retried = 0.05, False
-    while True:
-        # a given `now` is exact for the first attempt; the retries of a wait move on from it
-        elapsed = time.monotonic() - started if retried else 0.0
-        moment = clock(ws) if now is None else clock(ws, now) + timedelta(seconds=elapsed)
-        try:
-            record, event = _acquire(ws, item, agent_id, session_id, ttl, moment)
-            return Claim(record, ws=ws, agent_id=agent_id, session_id=session_id, ttl_s=ttl, event=event)
-        except (ConflictError, BusyError):
-            remaining = wait - (time.monotonic() - started)
-            if remaining <= 0:
-                raise
-            # jittered, growing poll: waiters do not stampede the lock the moment it frees
-            from random import uniform
+    waiting = False  # recorded as a waiter (claim_waits): withdrawn however the wait ends
+    try:
+        while True:
+            # a given `now` is exact for the first attempt; the retries of a wait move on from it
+            elapsed = time.monotonic() - started if retried else 0.0
+            moment = clock(ws) if now is None else clock(ws, now) + timedelta(seconds=elapsed)
+            try:
+                record, event, overlaps = _acquire(ws, item, agent_id, session_id, ttl, moment)
+                granted = Claim(record, ws=ws, agent_id=agent_id, session_id=session_id, ttl_s=ttl, event=event)
+                granted.overlaps = overlaps
+                return granted
+            except (ConflictError, BusyError) as exc:
+                remaining = wait - (time.monotonic() - started)
+                if remaining <= 0:
+                    raise
+                if isinstance(exc, ConflictError):
+                    # a wait that would close a cycle is refused here, at once (contract §14)
+                    from .claim_waits import wait_for
 
-            time.sleep(min(remaining, delay * uniform(0.5, 1.0)))
-            delay, retried = min(delay * 1.5, 0.5), True
+                    wait_for(ws, agent_id, item, exc, moment, moment + timedelta(seconds=remaining))
+                    waiting = True
+                # jittered, growing poll: waiters do not stampede the lock the moment it frees
+                from random import uniform
+
+                time.sleep(min(remaining, delay * uniform(0.5, 1.0)))
+                delay, retried = min(delay * 1.5, 0.5), True
+    finally:
+        if waiting:
+            from .claim_waits import withdraw
+
+            try:
+                withdraw(ws, agent_id, item)
+            except SynapolisError:
+                pass  # a record left behind goes stale by itself (claim_waits.stale_wait_s)
 
 
 def _slot(ws, item: str):
@@ -562,12 +610,16 @@ def _acquire(ws, item: str, agent_id: str, session_id: str | None, ttl: float, n
     with _slot(ws, item) as slot:
         record, existed = slot.record, slot.existed
         state = claim_state(record, now) if record else None
-        if state == "held" and record["claimed_by"] == agent_id:
+        renewing = state == "held" and record["claimed_by"] == agent_id
+        # a path pattern is refused while a live other holds an overlapping one (§14); a renewal is not
+        # (the lease is the holder's already), but it too reports the caller's own overlapping items
+        overlaps = [] if is_name(item) else _overlaps(ws, slot, item, agent_id, now, check=not renewing)
+        if renewing:
             record.update(renewed_at=now_s, ttl_s=ttl, expires_at=expires_s,
                           session_id=session_id or record.get("session_id"))
             _commit(ws, slot, record, {"at": now_s, "event": "renewed", "by": agent_id,
                                        "token": record["token"], "expires_at": expires_s})
-            return record, "renewed"
+            return record, "renewed", overlaps
         transition = {"at": now_s, "event": "claimed", "by": agent_id}
         taken_over_from = None
         if state in ("held", "expired"):
@@ -579,8 +631,8 @@ def _acquire(ws, item: str, agent_id: str, session_id: str | None, ttl: float, n
                     f"{item} is held by {holder} (token {record['token']}, {status}) until "
                     f"{record['expires_at']} ({humanize_age((now - expires).total_seconds())}); "
                     "retry with --wait, or ask the holder to release it",
-                    item=item, holder=holder, holder_status=status, expires_at=record["expires_at"],
-                    token=record["token"])
+                    item=item, holder=holder, holder_item=item, holder_status=status,
+                    expires_at=record["expires_at"], token=record["token"])
             reason = "expired" if state == "expired" else status
             if holder != agent_id:
                 taken_over_from = {"agent_id": holder, "token": record["token"], "reason": reason,
@@ -609,7 +661,34 @@ def _acquire(ws, item: str, agent_id: str, session_id: str | None, ttl: float, n
         }
         transition.update(token=token, expires_at=expires_s)
         _commit(ws, slot, record, transition)
-        return record, transition["event"]
+        return record, transition["event"], overlaps
+
+
+def _overlaps(ws, slot, item: str, agent_id: str, now: datetime, check: bool) -> list[str]:
+    """The caller's own held items overlapping the path pattern `item`; with `check`, ConflictError (exit 3)
+    naming the first live other holding one (§14). Its holder's status is judged as for the same item (§9)."""
+    from .claim_index import overlapping
+    from .project import project_of
+
+    own = []
+    for other in overlapping(slot, item, now, project_of(ws)[1]):
+        holder = other["claimed_by"]
+        if holder == agent_id:
+            own.append(other["item"])
+            continue
+        if not check:
+            continue
+        status = holder_status(ws, holder, now)
+        if status in _claimable_from():
+            continue
+        expires = parse_ts(other["expires_at"])
+        raise ConflictError(
+            f"{item} overlaps {other['item']}, held by {holder} (token {other['token']}, {status}) until "
+            f"{other['expires_at']} ({humanize_age((now - expires).total_seconds())}); "
+            "retry with --wait, or ask the holder to release it",
+            item=item, holder=holder, holder_item=other["item"], holder_status=status,
+            expires_at=other["expires_at"], token=other["token"])
+    return sorted(own)
 
 
 def _existing(ws, item: str, slot=None):

@@ -119,3 +119,19 @@ def guard(ws, who=None, paths=(), *, now: datetime | None = None, env=None) -> d
                                 "holder_status": record["holder_status"]})
     return {"allowed": not blocked, "blocked": blocked, "agent_id": caller, "root": root, "outside": outside,
             "pending_signals": [], "pending_remaining": 0}
+
+
+def staged_paths(cwd: str | None = None) -> list[str]:
+    """The paths of the git index's staged changes, relative to the work tree's top (`git diff --cached`):
+    both sides of a rename (`--no-renames` lists the old path as deleted and the new one as added)."""
+    import subprocess
+
+    command = ["git", "-c", "diff.relative=false", "diff", "--cached", "--name-only", "-z", "--no-renames"]
+    try:
+        done = subprocess.run(command, cwd=cwd, capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UsageError(f"guard --staged could not run git: {exc}") from None
+    if done.returncode != 0:
+        why = done.stderr.decode("utf-8", "replace").strip().splitlines()
+        raise UsageError("guard --staged: " + (why[0] if why else f"git exited {done.returncode}"))
+    return [p for p in done.stdout.decode("utf-8", "surrogateescape").split("\0") if p]

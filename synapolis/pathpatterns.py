@@ -326,3 +326,8 @@ def overlaps(a: str, b: str, fold: bool = False) -> bool:
     """Whether some path matches both patterns (contract §14): `src/api/**` and `src/api/users.py` do,
     `docs/**` and `src/**` do not."""
     return common_path(compile_pattern(a, fold), compile_pattern(b, fold)) is not None
+
+
+def overlaps_compiled(a: tuple, b: tuple) -> bool:
+    """`overlaps` of two compiled patterns."""
+    return common_path(a, b) is not None

@@ -26,7 +26,8 @@ from synapolis.errors import UsageError  # noqa: E402
 LEGACY, MODERN = "legacy", "2026-07-28"
 MODES = [LEGACY, MODERN]
 TOOLS = {"start_session", "beat", "signal", "read_signals", "ack_signals", "signals_pending", "read_notes", "note",
-         "list_agents", "write_whiteboard", "read_whiteboard", "tired", "claim", "release", "claim_check"}
+         "list_agents", "write_whiteboard", "read_whiteboard", "tired", "claim", "release", "claim_check",
+         "guard"}
 
 
 def run(fn, *args):
@@ -200,6 +201,12 @@ def test_tired_and_claims(server, mode):
             assert held["claim"]["claimed_by"] == "alice"
             await ok(b, "claim_check", item="src/api/users.py", token=token)
             await fails(b, "claim", "ConflictError", 3, item="src/api/users.py")
+            # the guard (contract §14): the same answer as the CLI's --json, blocking bob, not alice
+            asked = await ok(b, "guard", paths=["src/api/users.py", "src/free.py"])
+            assert asked["allowed"] is False and [(x["path"], x["claimed_by"], x["item"], x["token"])
+                                                  for x in asked["blocked"]] == [("src/api/users.py", "alice",
+                                                                                  "src/api/users.py", token)]
+            assert (await ok(a, "guard", paths=["src/api/users.py"]))["allowed"] is True
             await fails(b, "release", "ForbiddenError", 7, item="src/api/users.py")
             await fails(b, "release", "UsageError", 2, item="src/api/users.py", force=True)
             await fails(b, "claim", "UsageError", 2, item="../etc/passwd")
@@ -462,7 +469,7 @@ def test_nasty_inputs_never_crash_the_server(server, ws, store_kind, mode):
         async with alice_and_bob(server, mode) as (a, b, session):
             await fails(a, "write_whiteboard", "UsageError", 2, key="k", value="v" * 70000)
             await fails(a, "note", "UsageError", 2, text="x" * 70000)
-            await fails(a, "claim", "UsageError", 2, item="a//b")
+            await fails(a, "claim", "UsageError", 2, item="a/../b")
             await fails(a, "claim", "UsageError", 2, item="x", ttl_s=-1)
             await fails(a, "beat", "UsageError", 2, ttl_s="soon")
             await fails(a, "tired", "UsageError", 2, memories=[{"no_text": 1}])
@@ -506,6 +513,7 @@ def test_an_error_from_every_tool_reaches_a_typescript_1x_client_as_our_line(ser
         "claim": ("UsageError", 2, {"item": "../etc/passwd"}),
         "release": ("NotFoundError", 6, {"item": "ticket:1"}),
         "claim_check": ("NotFoundError", 6, {"item": "ticket:999", "token": 1}),
+        "guard": ("UsageError", 2, {"paths": ["x" * 5000]}),
     }
     assert set(failing) == TOOLS
 
@@ -529,7 +537,8 @@ def test_hints_and_capabilities_say_only_what_is_true(server, mode):
         async with Client(server(), mode=mode) as c:
             tools = {t.name: t for t in (await c.list_tools()).tools}
             read_only = {n for n, t in tools.items() if t.annotations and t.annotations.read_only_hint}
-            assert read_only == {"claim_check"}  # every other tool refreshes a heartbeat or marks delivery
+            # every other tool refreshes a heartbeat or marks delivery
+            assert read_only == {"claim_check", "guard"}
             # no prompts (there are none), in the handshake's answer and in server/discover's alike (a client
             # pinned to 2026-07-28 assumes capabilities until it asks); subscriptions in both eras
             if mode == LEGACY:

@@ -38,6 +38,7 @@ COMMANDS: dict[str, str] = {
     "release": "claim_cmds:release_cmd",
     "claims": "claim_cmds:claims_cmd",
     "claim-check": "claim_cmds:claim_check_cmd",
+    "guard": "claim_cmds:guard_cmd",
     "hook": "person_cmds:hook_cmd",
     "hooks": "person_cmds:hooks_group",
     "doctor": "person_cmds:doctor_cmd",

@@ -1,4 +1,4 @@
-"""Commands of the claimed_by lock helper: claim, release, claims, claim-check (contract §9)."""
+"""Commands of the claimed_by lock helper: claim, release, claims, claim-check (contract §9), guard (§14)."""
 
 from __future__ import annotations
 
@@ -45,16 +45,21 @@ def release_cmd(ws, item, force, reason, who, piggyback, as_json):
 @json_option
 @pass_workspace(create=False)
 def claims_cmd(ws, only_held, as_json):
-    """List every claim: item, state, holder and its effective status, token, ages.
+    """List every claim: item, state, holder and its effective status, token, ages; then who waits for what.
 
     Example: synapolis claims --held
     """
+    from ..claim_waits import waiting
+
     now = clock(ws)
     entries = cl.list_claims(ws, now, held_only=only_held)
+    waits = waiting(ws, now)
 
     def text(data):
+        waiters = [f"{w['agent_id']} waits for {w['item']} (blocked by {', '.join(w['blocked_by'])}) since "
+                   f"{ago(w['since'], now)}" for w in data["waiting"]]
         if not data["claims"]:
-            return "no claims"
+            return ["no claims"] + waiters
         rows = []
         for e in data["claims"]:
             if e["state"] == "invalid":
@@ -64,9 +69,9 @@ def claims_cmd(ws, only_held, as_json):
                      else f"{'expired' if e['state'] == 'expired' else 'expires'} {ago(e['expires_at'], now)}")
             rows.append([e["item"], e["state"], e["claimed_by"], e["holder_status"] or "-", e["token"],
                          ago(e["claimed_at"], now), until])
-        return table(rows, ["ITEM", "STATE", "HOLDER", "HOLDER STATUS", "TOKEN", "CLAIMED", "LEASE"])
+        return [table(rows, ["ITEM", "STATE", "HOLDER", "HOLDER STATUS", "TOKEN", "CLAIMED", "LEASE"])] + waiters
 
-    emit(as_json, {"claims": entries}, text)
+    emit(as_json, {"claims": entries, "waiting": waits}, text)
 
 
 @click.command("claim-check")
@@ -80,3 +85,40 @@ def claim_check_cmd(ws, item, token, as_json):
     Example: synapolis claim-check src/api/users.py --token 4 && apply-the-write
     """
     emit(as_json, *hot.claim_check(ws, None, False, item, token))
+
+
+@click.command("guard")
+@click.argument("paths", nargs=-1)
+@click.option("--staged", is_flag=True, help="Also the paths of the git index's staged changes (both sides of a rename).")
+@click.option("--agent-id", default=None, help="Answer for this agent (else $SYNAPOLIS_AGENT_ID, identity.json).")
+@click.option("--session-id", default=None, help="The session (else $SYNAPOLIS_SESSION_ID, identity.json).")
+@click.option("--run-token", default=None, help="This agent's run token (else $SYNAPOLIS_RUN_TOKEN).")
+@json_option
+@pass_workspace(create=False)
+def guard_cmd(ws, paths, staged, agent_id, session_id, run_token, as_json):
+    """May this agent write PATHS? Exit 0 when each is free or held only by the caller (or its sub-agents),
+    3 when a live other holds any, one line per blocked path. PATHS are absolute or relative to the project
+    root; with no identity at all, every path a live agent holds is blocked. Changes nothing.
+
+    Example: synapolis guard src/api/users.py docs/api.md --agent-id alice
+    """
+    from .. import actions
+    from ..guard import staged_paths
+    from ..identity import Who
+
+    wanted = list(paths) + (staged_paths() if staged else [])
+    data = actions.guard(ws, Who(agent_id, session_id, run_token), wanted)
+
+    def text(d):
+        if d["allowed"]:
+            return f"ok: {len(wanted)} path{'s' if len(wanted) != 1 else ''} free for {d['agent_id'] or 'anyone'}"
+        lines = []
+        for b in d["blocked"]:
+            lines.append(f"blocked: {b['relative_path']} is held by {b['claimed_by']} ({b['item']}, token {b['token']}) "
+                         f"until {b['expires_at']} ({ago(b['expires_at'])}); ask: synapolis signal {b['claimed_by']} "
+                         f"'may I edit {b['relative_path']}?'")
+        return lines
+
+    emit(as_json, data, text)
+    if not data["allowed"]:
+        raise SystemExit(3)

@@ -101,7 +101,10 @@ def claim_text(d: dict) -> str:
     if event == "taken_over":
         prev = record["taken_over_from"]
         line += f" from {prev['agent_id']} ({prev['reason']})"
-    return f"{line}  token {record['token']}  expires {ago(record['expires_at'])} ({record['expires_at']})"
+    line = f"{line}  token {record['token']}  expires {ago(record['expires_at'])} ({record['expires_at']})"
+    if record.get("overlaps"):
+        line += f"\n  overlaps your own {', '.join(record['overlaps'])}"
+    return line
 
 
 def release_text(d: dict) -> str:

@@ -99,6 +99,11 @@ def _client_name(ctx: Context | None) -> str | None:
 
 
 
+class GuardResult(_Result):
+    allowed: bool
+    blocked: list[dict[str, Any]]
+
+
 def _answer(result: dict) -> types.CallToolResult:
     """The library's answer as structured content, and the same JSON, compact, as the text a model reads.
 
@@ -278,6 +283,14 @@ def register_tools(server, state: ServerState) -> None:
                           ctx: Context = None) -> _Result:
         who = state.who(ctx, agent_id, session_id, writes=False)
         return await call(actions.claim_check, who, item, token)
+
+    @server.tool(description="May you write these paths (absolute, or relative to the project root)? allowed, and "
+                             "blocked: each path held by a live other agent with its item, holder, expiry and "
+                             "token. Changes nothing.", annotations=ro)
+    async def guard(paths: list[str], agent_id: AgentId = None, session_id: SessionId = None,
+                    run_token: RunToken = None, ctx: Context = None) -> GuardResult:
+        who = state.who(ctx, agent_id, session_id, run_token, writes=False)
+        return await call(actions.guard, who, paths)
 
 
 def register_resources(server, state: ServerState) -> None:

@@ -341,6 +341,35 @@ class Store(abc.ABC):
 
         return file_documents(self.ws)
 
+    def path_claim_candidates(self, prefixes, under: str | None = None) -> list[str]:
+        """The path claims that may be held whose index prefix (claim_index.index_prefix) is in `prefixes` or
+        lies under `under`, without locking. SQLite: the index file."""
+        from ..claim_index import file_candidates
+
+        return file_candidates(self.ws, prefixes, under)
+
+    def claim_records(self, items) -> dict:
+        """{item: record} of these items, read afresh (missing and unreadable ones left out)."""
+        from ..claim_index import file_records
+
+        return file_records(self.ws, items)
+
+    def wait_book(self):
+        """`with store.wait_book() as book:` the claim waiters (contract §14), exclusively: `book.waits()`,
+        `book.put(record, swept)`, `book.remove(agent_id, item)`, `book.claim_records(items)`.
+        SQLite: state/claim-waits.json under its lock."""
+        from ..claim_waits import FileWaitBook
+
+        return FileWaitBook(self.ws)
+
+    def waits(self) -> list[dict]:
+        """Every recorded waiter (live or not), without locking."""
+        import os
+
+        from ..claim_waits import BOOK_FILE, read_file_waits
+
+        return read_file_waits(os.path.join(self.ws.files.root, BOOK_FILE))
+
     # -- escalation incidents (contract §6) ------------------------------------------------------------
     def escalation_book(self):
         """`with store.escalation_book() as book:` the incidents, held exclusively (one writer at a time

@@ -44,7 +44,7 @@ try:
 except ImportError:  # pragma: no cover - exercised by a test with the driver hidden
     psycopg = None
 
-SCHEMA_VERSION = 8  # each version's script is idempotent: an upgrade runs the whole of it again
+SCHEMA_VERSION = 9  # each version's script is idempotent: an upgrade runs the whole of it again
 CONNECT_TIMEOUT_S = 5  # libpq's connect_timeout; with busy_timeout_ms the bound of §12 (at most 10 s)
 NOTIFY_CHANNEL = "synapolis_signals"
 POOL_MAX = 8  # connections of a long-lived process's pool
@@ -183,6 +183,32 @@ CREATE TABLE IF NOT EXISTS claim_events
     item  {_C} NOT NULL,
     at    {_C} NOT NULL,
     event TEXT NOT NULL
+);
+
+-- the path claims that may be held (contract §14), keyed by their pattern's literal prefix (lower-cased):
+-- "who holds a path" and the overlap check look at a few keys, not every claim (synapolis.claim_index).
+-- Changed in the claim's own transaction. Claims from before it (an upgrade) go in under '' (a candidate
+-- for every question) until they are released
+CREATE TABLE IF NOT EXISTS claim_paths
+(
+    item   {_C} PRIMARY KEY,
+    prefix {_C} NOT NULL
+);
+CREATE INDEX IF NOT EXISTS claim_paths_by_prefix ON claim_paths (prefix);
+INSERT INTO claim_paths (item, prefix)
+SELECT item, '' FROM claims WHERE released_at IS NULL AND item !~ '^[A-Za-z0-9_-]+:' ON CONFLICT (item) DO NOTHING;
+
+-- who waits for which item (`claim --wait`, contract §14): the wait-for graph that refuses a deadlock.
+-- A waiter refreshes seen_at while it waits; a row not refreshed for a while is a waiter that died
+CREATE TABLE IF NOT EXISTS claim_waits
+(
+    agent_id   {_C} NOT NULL,
+    item       {_C} NOT NULL,
+    since      {_C} NOT NULL,
+    seen_at    {_C} NOT NULL,
+    until      {_C} NOT NULL,
+    blocked_by TEXT NOT NULL,
+    PRIMARY KEY (agent_id, item)
 );
 
 -- the notes bus of each session (sessions/<id>/notes.jsonl on SQLite)
@@ -749,9 +775,23 @@ class ClaimSlot:
     def settle(self) -> None:
         """Nothing to repair: the claim row and its event commit in one transaction."""
 
+    def path_claim_candidates(self, prefixes, under=None) -> list[str]:
+        return _path_claim_candidates(self.cur, prefixes, under)
+
+    def claim_records(self, items) -> dict:
+        return _claim_records(self.cur, items)
+
     def write(self, record: dict, event: dict) -> None:
         import json
 
+        from ..claim_index import index_prefix, is_path_item
+
+        if is_path_item(self.item):
+            if record.get("released_at"):
+                self.cur.execute("DELETE FROM claim_paths WHERE item = %s", (self.item,))
+            else:
+                self.cur.execute("INSERT INTO claim_paths (item, prefix) VALUES (%s, %s) ON CONFLICT (item) "
+                                 "DO UPDATE SET prefix = excluded.prefix", (self.item, index_prefix(self.item)))
         dump = json.dumps(record, ensure_ascii=False, separators=(",", ":"))
         self.cur.execute("INSERT INTO claims (item, token, claimed_by, expires_at, released_at, record) "
                          "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (item) DO UPDATE SET token = excluded.token, "
@@ -761,6 +801,74 @@ class ClaimSlot:
                           record.get("released_at"), dump))
         self.cur.execute("INSERT INTO claim_events (item, at, event) VALUES (%s, %s, %s)",
                          (record["item"], event["at"], json.dumps(event, ensure_ascii=False, separators=(",", ":"))))
+
+
+def _like_prefix(prefix: str) -> str:
+    """A LIKE pattern for the prefixes under `prefix` (its own wildcards escaped)."""
+    escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return escaped + "/%" if prefix else "_%"
+
+
+def _path_claim_candidates(cur, prefixes, under) -> list[str]:
+    if under is None:
+        cur.execute("SELECT item FROM claim_paths WHERE prefix = ANY(%s)", (list(prefixes),))
+    else:
+        cur.execute("SELECT item FROM claim_paths WHERE prefix = ANY(%s) OR prefix LIKE %s",
+                    (list(prefixes), _like_prefix(under)))
+    return [row["item"] for row in cur.fetchall()]
+
+
+def _claim_records(cur, items) -> dict:
+    import json
+
+    from ..claims import _is_record
+
+    cur.execute("SELECT item, record FROM claims WHERE item = ANY(%s)", (list(items),))
+    out = {}
+    for row in cur.fetchall():
+        with contextlib.suppress(ValueError):
+            doc = json.loads(row["record"])
+            if _is_record(doc, row["item"]):
+                out[row["item"]] = doc
+    return out
+
+
+def _waits(cur) -> list[dict]:
+    cur.execute("SELECT agent_id, item, since, seen_at, until, blocked_by FROM claim_waits ORDER BY since")
+    out = []
+    for row in cur.fetchall():
+        with contextlib.suppress(ValueError):
+            extra = json.loads(row["blocked_by"])
+            out.append({"agent_id": row["agent_id"], "item": row["item"], "since": row["since"],
+                        "seen_at": row["seen_at"], "until": row["until"], "blocked_by": extra.get("blocked_by", []),
+                        "blocking": extra.get("blocking", [])})
+    return out
+
+
+class WaitBook:
+    """The claim_waits rows inside a transaction holding the waiters' advisory lock (see claim_waits.FileWaitBook)."""
+
+    def __init__(self, cur):
+        self.cur = cur
+
+    def waits(self) -> list[dict]:
+        return _waits(self.cur)
+
+    def put(self, record: dict, swept=()) -> None:
+        for agent_id, item in swept:
+            self.remove(agent_id, item)
+        extra = json.dumps({"blocked_by": record["blocked_by"], "blocking": record["blocking"]}, ensure_ascii=False)
+        self.cur.execute("INSERT INTO claim_waits (agent_id, item, since, seen_at, until, blocked_by) "
+                         "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (agent_id, item) DO UPDATE SET "
+                         "seen_at = excluded.seen_at, until = excluded.until, blocked_by = excluded.blocked_by",
+                         (record["agent_id"], record["item"], record["since"], record["seen_at"], record["until"],
+                          extra))
+
+    def remove(self, agent_id: str, item: str) -> None:
+        self.cur.execute("DELETE FROM claim_waits WHERE agent_id = %s AND item = %s", (agent_id, item))
+
+    def claim_records(self, items) -> dict:
+        return _claim_records(self.cur, items)
 
 
 def _put_heartbeat(cur, doc: dict, stamp: str) -> None:
@@ -1189,11 +1297,36 @@ class PostgresStore(base.Store):
     def claim_slot(self, item):
         """The item's advisory lock for one transaction: one winner per item across every machine, and
         the token drawn from the row, which is never deleted, so it never goes back."""
+        from ..claim_index import is_path_item
+
         with self.transaction() as cur:
+            if is_path_item(item):
+                # every change of a path claim takes one lock first, so of two overlapping patterns only one
+                # wins (§14), on every machine; then the item's own
+                cur.execute(_LOCK, (_key("claim-paths"),))
             cur.execute(_LOCK, (_key("claim", item),))
             cur.execute("SELECT record FROM claims WHERE item = %s", (item,))
             row = cur.fetchone()
             yield ClaimSlot(cur, item, row)
+
+    def path_claim_candidates(self, prefixes, under=None):
+        with self.transaction("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY") as cur:
+            return _path_claim_candidates(cur, prefixes, under)
+
+    def claim_records(self, items):
+        with self.transaction("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY") as cur:
+            return _claim_records(cur, items)
+
+    @contextlib.contextmanager
+    def wait_book(self):
+        """The waiters under one advisory lock for the transaction: one wait-for graph across every machine."""
+        with self.transaction() as cur:
+            cur.execute(_LOCK, (_key("claim-waits"),))
+            yield WaitBook(cur)
+
+    def waits(self):
+        with self.transaction("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY") as cur:
+            return _waits(cur)
 
     def claim_document(self, item):
         with self.transaction("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY") as cur:

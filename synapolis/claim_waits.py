@@ -1,0 +1,218 @@
+"""Waiting never deadlocks (contract §14): who waits for which claim, and the wait that would close a cycle refused.
+
+While `claim ITEM --wait S` waits, its waiter is recorded: `agent_id`, `item`, `since`, `blocked_by` (the
+agents holding ITEM or an overlapping item) and `blocking` (those agents with the items they hold). The
+wait-for graph runs from each waiter to its blockers. A waiter whose blockers lead, wait by wait, back to
+itself would wait forever (alice holds A and waits for B; bob holds B and now waits for A), so it is
+refused at once with ConflictError (exit 3) carrying `cycle`: [{agent_id, holds, waits_for}, ...], and
+the other waiter keeps waiting. Recording and checking happen under one lock (the wait book), so of
+two waits that close a cycle at the same moment exactly one is refused.
+
+Records are kept honest without trusting anyone to clean up: a waiter refreshes `seen_at` on each poll,
+and a record not refreshed for `stale_wait_s` (a waiter killed mid-wait) or past its deadline is
+ignored and swept; an edge counts only while its blocker still holds the item it was recorded with.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from .errors import ConflictError
+from .timeutil import format_ts, parse_ts
+
+BOOK_FILE = "claim-waits.json"
+BOOK_VERSION = 1
+
+
+def stale_wait_s(config) -> float:
+    """How long a waiter's record lives without a refresh: a poll waits at most busy_timeout_ms for a lock
+    and sleeps at most half a second, so twice that and some slack."""
+    return max(10.0, 2 * float(config.busy_timeout_ms) / 1000.0 + 2.0)
+
+
+def live_waits(waits: list[dict], now: datetime, stale_s: float) -> list[dict]:
+    """The records of waiters still waiting at `now`."""
+    out = []
+    for w in waits:
+        try:
+            if parse_ts(w["until"]) < now or parse_ts(w["seen_at"]) + timedelta(seconds=stale_s) < now:
+                continue
+        except (KeyError, TypeError, ValueError):
+            continue
+        out.append(w)
+    return out
+
+
+def find_cycle(waits: list[dict], agent_id: str, item: str, blocking: list[dict], still_holds) -> list[dict] | None:
+    """The cycle `agent_id` would close by waiting for `item` behind `blocking` ([{agent_id, item}], the
+    holders and what they hold), or None. `waits`: the other live waiters' records; `still_holds(agent,
+    item)`: whether that agent holds that item now (an edge whose blocker let go is no edge).
+
+    Returned as [{agent_id, holds, waits_for}], starting with the caller: each agent holds what the one
+    before it waits for, and the last one's wait comes back to the caller."""
+    by_agent: dict[str, list[dict]] = {}
+    for w in waits:
+        if w.get("agent_id") != agent_id:
+            by_agent.setdefault(w["agent_id"], []).append(w)
+    # depth-first from each blocker; a path is a list of (agent, what it holds, what it waits for)
+    seen: set[str] = set()
+
+    def walk(agent: str, holds: str, path: list[tuple[str, str, str]]):
+        for w in by_agent.get(agent, ()):
+            for edge in w.get("blocking") or ():
+                nxt, nxt_holds = edge.get("agent_id"), edge.get("item")
+                if not isinstance(nxt, str) or not isinstance(nxt_holds, str) or not still_holds(nxt, nxt_holds):
+                    continue
+                step = path + [(agent, holds, w["item"])]
+                if nxt == agent_id:
+                    return step, nxt_holds
+                if nxt in seen:
+                    continue
+                seen.add(nxt)
+                found = walk(nxt, nxt_holds, step)
+                if found is not None:
+                    return found
+        return None
+
+    for edge in blocking:
+        first, first_holds = edge.get("agent_id"), edge.get("item")
+        if first == agent_id or first in seen or not still_holds(first, first_holds):
+            continue
+        seen.add(first)
+        found = walk(first, first_holds, [])
+        if found is not None:
+            path, mine = found
+            return [{"agent_id": agent_id, "holds": mine, "waits_for": item}] + \
+                   [{"agent_id": a, "holds": h, "waits_for": w} for a, h, w in path]
+    return None
+
+
+def blocking_of(error: ConflictError) -> list[dict]:
+    """[{agent_id, item}] of the holder a claim's ConflictError names."""
+    details = error.details
+    holder = details.get("holder")
+    if not isinstance(holder, str):
+        return []
+    return [{"agent_id": holder, "item": details.get("holder_item") or details.get("item")}]
+
+
+def _describe(cycle: list[dict]) -> str:
+    steps = [f"{c['agent_id']} holds {c['holds']} and waits for {c['waits_for']}" for c in cycle]
+    return "; ".join(steps)
+
+
+def wait_for(ws, agent_id: str, item: str, error: ConflictError, now: datetime, until: datetime) -> None:
+    """Record (or refresh) that `agent_id` waits for `item`, blocked as `error` says; ConflictError with
+    `cycle` when that wait would close a cycle (nothing is recorded then, and the caller stops waiting)."""
+    from .store import store_for
+
+    blocking = blocking_of(error)
+    if not blocking:
+        return
+    stale_s = stale_wait_s(ws.config)
+    with store_for(ws).wait_book() as book:
+        current = book.waits()
+        live = live_waits(current, now, stale_s)
+        mine = next((w for w in live if w["agent_id"] == agent_id and w["item"] == item), None)
+        held: dict[tuple[str, str], bool] = {}
+
+        def still_holds(agent: str, held_item: str) -> bool:
+            key = (agent, held_item)
+            if key not in held:
+                record = book.claim_records([held_item]).get(held_item)
+                held[key] = bool(record) and record["claimed_by"] == agent and not record.get("released_at") \
+                    and parse_ts(record["expires_at"]) > now
+            return held[key]
+
+        cycle = find_cycle(live, agent_id, item, blocking, still_holds)
+        if cycle is not None:
+            if mine is not None:
+                book.remove(agent_id, item)
+            raise ConflictError(
+                f"waiting for {item} would deadlock: {_describe(cycle)}; release what you hold, or retry later",
+                item=item, holder=blocking[0]["agent_id"], holder_item=blocking[0]["item"], cycle=cycle)
+        book.put({"agent_id": agent_id, "item": item, "since": mine["since"] if mine else format_ts(now),
+                  "seen_at": format_ts(now), "until": format_ts(until),
+                  "blocked_by": sorted({b["agent_id"] for b in blocking}), "blocking": blocking},
+                 swept=[(w["agent_id"], w["item"]) for w in current if w not in live])
+
+
+def withdraw(ws, agent_id: str, item: str) -> None:
+    """The waiter stopped waiting (served, refused, out of time, interrupted)."""
+    from .store import store_for
+
+    with store_for(ws).wait_book() as book:
+        book.remove(agent_id, item)
+
+
+def waiting(ws, now: datetime) -> list[dict]:
+    """The waiters waiting at `now`, oldest first: each `agent_id`, `item`, `since`, `blocked_by`, `blocking`."""
+    from .store import store_for
+
+    live = live_waits(store_for(ws).waits(), now, stale_wait_s(ws.config))
+    return sorted(({k: w[k] for k in ("agent_id", "item", "since", "blocked_by", "blocking", "until") if k in w}
+                   for w in live), key=lambda w: (w["since"], w["agent_id"], w["item"]))
+
+
+# --- the SQLite store's wait book: a JSON file under a lock ---------------------------------------
+
+class FileWaitBook:
+    """`claim-waits.json` in the state directory, read and replaced under `.locks/claim-waits.lock`."""
+
+    def __init__(self, ws):
+        import os
+
+        self.ws = ws
+        self.path = os.path.join(ws.files.root, BOOK_FILE)
+        self.lock = None
+        self._waits: list[dict] | None = None
+        self.changed = False
+
+    def __enter__(self) -> "FileWaitBook":
+        from .atomic import locked
+
+        self.ws.ensure()
+        self.lock = locked(self.ws.files.lock("claim-waits"), timeout=self.ws.config.busy_timeout_ms / 1000.0)
+        self.lock.__enter__()
+        return self
+
+    def __exit__(self, kind, value, traceback) -> None:
+        try:
+            if kind is None and self.changed:
+                from .atomic import atomic_write_json
+
+                atomic_write_json(self.path, {"schema_version": BOOK_VERSION, "waits": self._waits}, durable=False)
+        finally:
+            self.lock.__exit__(kind, value, traceback)
+
+    def waits(self) -> list[dict]:
+        if self._waits is None:
+            self._waits = read_file_waits(self.path)
+        return self._waits
+
+    def put(self, record: dict, swept=()) -> None:
+        gone = set(swept) | {(record["agent_id"], record["item"])}
+        self._waits = [w for w in self.waits() if (w.get("agent_id"), w.get("item")) not in gone] + [record]
+        self.changed = True
+
+    def remove(self, agent_id: str, item: str) -> None:
+        before = self.waits()
+        self._waits = [w for w in before if (w.get("agent_id"), w.get("item")) != (agent_id, item)]
+        self.changed = self.changed or len(self._waits) != len(before)
+
+    def claim_records(self, items) -> dict:
+        from .claim_index import file_records
+
+        return file_records(self.ws, items)
+
+
+def read_file_waits(path: str) -> list[dict]:
+    from .atomic import read_json
+
+    try:
+        doc = read_json(path)
+    except (OSError, ValueError):
+        return []
+    waits = doc.get("waits") if isinstance(doc, dict) else None
+    return [w for w in waits if isinstance(w, dict) and isinstance(w.get("agent_id"), str)
+            and isinstance(w.get("item"), str)] if isinstance(waits, list) else []
