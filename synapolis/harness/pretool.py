@@ -33,6 +33,7 @@ from .hooks import PRETOOL_EVENTS as EVENTS  # noqa: E402 - loaded already whene
 # the matcher installed with the event: the harness starts no process at all for any other tool
 MATCHERS = {harness: "|".join(tools) for harness, tools in TOOLS.items()}
 MEMO = "guard-quiet.json"
+INDEX_FILE = "claims-index.json"  # claim_index.INDEX_FILE (tests/test_startup.py checks they agree)
 # A claims/ folder changed this recently is not remembered as quiet: a claim written within the same
 # tick of the file system's clock would leave its mtime as it was (git's "racy" index problem).
 RACY_S = 2.0
@@ -84,21 +85,32 @@ def _claims_stamp(ws):
 
 
 def nothing_held(ws, env) -> bool:
-    """True only when no claim can be held: the SQLite store, and its claims/ folder missing or exactly as
-    it was when a look found every claim in it released or expired. Every claim change replaces a file in
-    that folder (a rename into it), which moves its mtime; a claim only stops being held by itself."""
+    """True only when no path claim can be held, answered from files (the SQLite store only):
+
+    - the claims index (claim_index: every path claim that may be held, an item added before its claim
+      file is written and removed only after its release is) is there and empty; else, with no index,
+    - there is no claim file at all (nothing was ever claimed here); else
+    - the claims/ folder is exactly as it was (mtime and inode) when a look found no claim in it held:
+      every claim change replaces a file in that folder, which moves its mtime."""
     from . import quiet
 
     if not quiet._sqlite(ws, env):
         return False
+    from ..atomic import read_json_or
+
+    # claim_index.read_file_index's reading, without importing claim_index (its pattern code and datetime
+    # are most of a quiet call): any document other than a version-1 index counts as no index
+    index = read_json_or(os.path.join(ws.files.root, INDEX_FILE), None)
+    if isinstance(index, dict) and index.get("schema_version") == 1 and isinstance(index.get("items"), dict):
+        return not index["items"]
     try:
         stamp = _claims_stamp(ws)
+        if not any(name.endswith(".json") for name in os.listdir(ws.files.claims)):
+            return True
     except FileNotFoundError:
         return True
     except OSError:
         return False
-    from ..atomic import read_json_or
-
     memo = read_json_or(_memo_path(ws), None)
     return isinstance(memo, dict) and memo.get("claims") == stamp
 
