@@ -259,3 +259,34 @@ def test_config_refuses_a_bad_guard(ws):
     assert check_config({"guard": {"other": 1}}) and check_config({"guard": []})
     assert check_config({"guard": {"mode": "warn", "auto_claim": True}}) == []
     assert Workspace.open(ws.paths.root).config.guard_mode == "deny"
+
+
+@pytest.mark.postgres
+def test_a_folder_claimed_on_one_machine_is_refused_by_the_hooks_and_git_of_another(tmp_path, pg_url):
+    """Two state directories (two machines' checkouts) on one PostgreSQL store: alice claims src/api/ on
+    the first; on the second, each harness's pre-tool hook refuses an edit under it, and so does git."""
+    from conftest import use_store
+
+    first, second = tmp_path / "laptop", tmp_path / "ci-runner"
+    for project in (first, second):
+        (project / "src" / "api").mkdir(parents=True)
+        subprocess.run(["git", "init", "-q", "-b", "main", str(project)], check=True)
+    ws_one, ws_two = use_store(first / "state", pg_url), use_store(second / "state", pg_url)
+    actions.start(ws_one, agent_id="alice", env={}, write_identity=False)
+    claims.claim(ws_one, "src/api/", "alice", ttl_s=3600)
+    for harness in ("claude-code", "gemini-cli", "codex"):
+        out = hooks.handle(harness, edit_of(harness, second, "src/api/users.py"), state_dir=ws_two.paths.root,
+                           env={})["output"]
+        assert "alice" in json.dumps(out) and ("deny" in json.dumps(out)), (harness, out)
+    # git on the second checkout
+    done = subprocess.run(synapolis_cmd(ws_two.paths.root, "hooks", "install", "git", "--project-dir", second),
+                          capture_output=True, text=True, env=clean_env(), timeout=60)
+    assert done.returncode == 0, done.stderr
+    (second / ".gitignore").write_text("state/\n")
+    (second / "src" / "api" / "users.py").write_text("v = 1\n")
+    env = clean_env(GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.com", GIT_COMMITTER_NAME="t",
+                    GIT_COMMITTER_EMAIL="t@example.com", GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1")
+    subprocess.run(["git", "-C", str(second), "add", "-A"], check=True, env=env)
+    done = subprocess.run(["git", "-C", str(second), "commit", "-m", "x"], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode != 0 and "src/api/users.py" in done.stderr and "alice" in done.stderr
