@@ -771,6 +771,8 @@ class ScriptedModel:
     be set, so a harness session stays alive (between tool calls, as a working agent is) until the test lets
     it finish."""
 
+    status = 200
+
     def __init__(self, protocol: str, calls, hold=None):
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -788,7 +790,7 @@ class ScriptedModel:
                 except ValueError:
                     body = {}
                 ctype, out = model.answer(self.path, body, raw)
-                self.send_response(200)
+                self.send_response(model.status)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(out)))
                 self.end_headers()
