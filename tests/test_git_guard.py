@@ -132,3 +132,9 @@ def test_doctor_checks_the_git_hooks_program(repo):
     hook.write_text(hook.read_text().replace(" guard --staged", "-gone guard --staged").replace("synapolis-gone", "/nowhere/synapolis"))
     (finding,) = doctor.check_git_hook(project)
     assert finding["status"] == "fail" and "hooks install git" in finding["fix"]
+
+
+def test_uninstall_git_outside_a_repository_has_nothing_to_take_out(tmp_path, state_dir):
+    done = subprocess.run(synapolis_cmd(state_dir, "hooks", "uninstall", "git", "--project-dir", tmp_path),
+                          capture_output=True, text=True, env=clean_env(), timeout=60)
+    assert done.returncode == 0 and "not a git work tree" in done.stdout

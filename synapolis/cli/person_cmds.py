@@ -117,7 +117,7 @@ def hooks_uninstall_cmd(harness, project_dir, as_json):
 
         def git_text(d):
             if not d["changed"]:
-                return f"git: no synapolis pre-commit hook in {d['hook']}"
+                return f"git: no synapolis pre-commit hook in {d['hook'] or project_dir + ' (not a git work tree)'}"
             return f"git: removed the pre-commit guard from {d['hook']}" + (
                 "; the hook it chained is back in place" if d["restored"] else "")
 

@@ -111,8 +111,12 @@ def install(project_dir, state_dir) -> dict:
 
 
 def uninstall(project_dir) -> dict:
-    """Remove our pre-commit hook and put back the one it chained; anything else is left as it is."""
-    folder = hooks_dir(project_dir)
+    """Remove our pre-commit hook and put back the one it chained; anything else is left as it is. Outside a
+    git work tree there is nothing of ours to take out (as `rm -f`)."""
+    try:
+        folder = hooks_dir(project_dir)
+    except UsageError:
+        return {"harness": "git", "hook": None, "changed": False, "restored": None}
     hook, chained = os.path.join(folder, HOOK), os.path.join(folder, CHAINED)
     if not is_ours(hook):
         return {"harness": "git", "hook": hook, "changed": False, "restored": None}

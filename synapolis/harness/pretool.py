@@ -178,9 +178,9 @@ def reason_text(blocked: list[dict], agent_id: str | None, session_id: str | Non
         ask = _command_hint(f"signal {holder} \"may I edit {path}?\" --type query", agent_id, session_id, None) \
             if agent_id else f"synapolis signal {holder} \"may I edit {path}?\" --type query"
         advice = "Do not edit it now; ask the holder with" if mode == "deny" else \
-            "This edit was let through (guard.mode warn), but coordinate with the holder:"
+            "This edit was let through (guard.mode warn), but coordinate with the holder"
         lines.append(f"synapolis: {path} is claimed by {holder} (claim {b.get('item')}, token {b.get('token')}) "
-                     f"until {when}. {advice.rstrip(':')}: {ask}")
+                     f"until {when}. {advice}: {ask}")
     return "\n".join(lines)
 
 
