@@ -290,3 +290,11 @@ def test_a_folder_claimed_on_one_machine_is_refused_by_the_hooks_and_git_of_anot
     done = subprocess.run(["git", "-C", str(second), "commit", "-m", "x"], capture_output=True, text=True, env=env,
                           timeout=120)
     assert done.returncode != 0 and "src/api/users.py" in done.stderr and "alice" in done.stderr
+
+
+def test_a_patch_of_many_held_files_is_refused_in_a_bounded_answer(ws, project):
+    held_by_alice(ws, "src/**")
+    patch = "*** Begin Patch\n" + "".join(f"*** Add File: src/f{i}.py\n+x\n" for i in range(500)) + "*** End Patch\n"
+    out = run("codex", event("codex", project, "apply_patch", {"command": patch}), ws)
+    reason = out["output"]["hookSpecificOutput"]["permissionDecisionReason"]
+    assert len(out["blocked"]) == 500 and len(reason) < 10_000 and "480 more held path(s)" in reason

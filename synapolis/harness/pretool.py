@@ -37,7 +37,8 @@ INDEX_FILE = "claims-index.json"  # claim_index.INDEX_FILE (tests/test_startup.p
 # A claims/ folder changed this recently is not remembered as quiet: a claim written within the same
 # tick of the file system's clock would leave its mtime as it was (git's "racy" index problem).
 RACY_S = 2.0
-SCAN_AT_MOST = 256  # claim files a hook reads to find "nothing held"; more, and it does not remember
+SCAN_AT_MOST = 256
+MAX_LINES = 20  # blocked paths named one by one in a refusal (each line is a few hundred characters)  # claim files a hook reads to find "nothing held"; more, and it does not remember
 
 
 def tool_paths(harness: str, event: dict) -> list[str] | None:
@@ -167,7 +168,7 @@ def reason_text(blocked: list[dict], agent_id: str | None, session_id: str | Non
     from .hooks import _command_hint
 
     lines = []
-    for b in blocked:
+    for b in blocked[:MAX_LINES]:
         holder, path = b.get("claimed_by"), b.get("relative_path") or b.get("path")
         until = b.get("expires_at") or "?"
         try:
@@ -181,6 +182,8 @@ def reason_text(blocked: list[dict], agent_id: str | None, session_id: str | Non
             "This edit was let through (guard.mode warn), but coordinate with the holder"
         lines.append(f"synapolis: {path} is claimed by {holder} (claim {b.get('item')}, token {b.get('token')}) "
                      f"until {when}. {advice}: {ask}")
+    if len(blocked) > MAX_LINES:  # a patch of a thousand held files: the answer stays inside every harness's cap
+        lines.append(f"... and {len(blocked) - MAX_LINES} more held path(s); see them all with: synapolis guard PATH...")
     return "\n".join(lines)
 
 
