@@ -127,8 +127,8 @@ def remember_quiet(ws, env, now_s: float) -> None:
     look, best effort; not remembered means only that the next call looks again)."""
     from . import quiet
 
-    if not quiet._sqlite(ws, env):
-        return
+    if not quiet._sqlite(ws, env) or os.path.exists(os.path.join(ws.files.root, INDEX_FILE)):
+        return  # the claims index answers nothing_held by itself
     try:
         stamp = _claims_stamp(ws)
         if time.time() - stamp[0] / 1e9 < RACY_S:  # the file system's clock, whatever `now_s` says
@@ -158,6 +158,28 @@ def _any_held(ws, names, now_s: float) -> bool:
             pass  # unreadable: it may be held
         return True
     return False
+
+
+def none_could_match(ws, env, wanted: list[str]) -> bool:
+    """SQLite only: True when the claims index has no claim whose pattern could match any of `wanted` (the
+    first step of the guard's own lookup, claim_index.holders_of, which then reads the store, the claim
+    records and the holders' status only for such candidates). Also True when every path lies outside
+    the project. Cheaper than the guard by the store and claims code it does not load."""
+    from . import quiet
+
+    if not quiet._sqlite(ws, env):
+        return False
+    from ..claim_index import file_candidates
+    from ..pathpatterns import prefixes_of
+    from ..project import project_of, relative_path
+
+    root, fold = project_of(ws)
+    prefixes: set = set()
+    for path in wanted:
+        rel = relative_path(path, root, fold)
+        if rel is not None:
+            prefixes.update(prefixes_of(rel.lower()))
+    return not prefixes or not file_candidates(ws, sorted(prefixes))
 
 
 # -- the answer -------------------------------------------------------------------------------------
@@ -261,13 +283,16 @@ def handle(harness: str, event: dict, state_dir, env, result: dict, now=None) ->
     if not auto and nothing_held(ws, env):
         return  # no claim anywhere: no store opened, no identity needed
     wanted = absolute(paths, event, env)
+    seconds, _stamp = quiet.clock(now)
+    if not auto and none_could_match(ws, env, wanted):
+        remember_quiet(ws, env, seconds)  # (without a claims index: for the next call's nothing_held)
+        return  # no claim that may be held has a pattern these paths could match: the guard's own answer
     state = _conversation_state(ws, harness, event, env)
     agent_id = state.get("agent_id") or hooks.agent_id_for(harness, hooks.conversation_id(event), env)
     result["agent_id"] = agent_id
     from ..guard import guard
     from ..identity import Who
 
-    seconds, _stamp = quiet.clock(now)
     who = Who(agent_id, state.get("session_id"), state.get("run_token"), named_only=True)
     verdict = guard(ws, who, wanted, now=now, env=env)
     blocked = verdict.get("blocked") or []
