@@ -65,7 +65,7 @@ def test_codex_itself_agrees_on_hashes_and_trust(tmp_path, harness_home, monkeyp
     document["hooks"]["PostToolUse"][-1]["hooks"][0]["timeout"] = 9
     hooks_file.write_text(json.dumps(document))
     seen = codex_hooks_list(project, codex_home)
-    assert sorted(h["trustStatus"] for h in seen.values()) == ["modified", "trusted", "trusted", "trusted"]
+    assert sorted(h["trustStatus"] for h in seen.values()) == ["modified", "trusted", "trusted", "trusted", "trusted"]
     assert any("PostToolUse" in f["message"] and "changed since" in f["message"]
                for f in doctor.check_harness(project, "codex"))
 
