@@ -555,6 +555,10 @@ def claim(ws, who: Who | None, item: str, *, ttl_s: float | None = None, wait_s:
 
 def _item(ws, item):
     """A path item normalised (`./`, `//`, an absolute path inside the project; contract §14); a name as given."""
+    from .names import is_name
+
+    if not isinstance(item, str) or is_name(item):
+        return item  # a name's claim loads none of the path machinery
     from .project import normalize_item
 
     return normalize_item(ws, item)

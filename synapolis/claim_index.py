@@ -61,12 +61,42 @@ def read_file_index(ws) -> dict | None:
     return doc["items"]
 
 
+def nothing_held(ws, env=None) -> bool:
+    """True when, without opening any store, no path claim can be held: the SQLite store, and its index lists
+    no item (or there is neither an index nor any claim file). A hook's quiet path asks this first; False
+    means "ask guard" (another store, an index that lists items, claim files from before the index)."""
+    env = os.environ if env is None else env
+    url = env.get("SYNAPOLIS_STORE_URL") or ws.config.values.get("store") or "sqlite"
+    if not (isinstance(url, str) and url.strip() == "sqlite"):
+        return False
+    items = read_file_index(ws)
+    if items is not None:
+        return not items
+    from .atomic import json_names
+
+    try:
+        return not json_names(ws.files.claims)
+    except OSError:
+        return False
+
+
 def _scan_items(ws) -> dict:
-    """{item: prefix} of every unreleased path claim, from the claim files themselves."""
-    from .claims import _is_record, file_documents
+    """{item: prefix} of every unreleased path claim, from the claim files themselves (no pathlib: a claim's
+    first use of the index runs this)."""
+    from .atomic import json_names, read_json
+    from .claims import _is_record
 
     out = {}
-    for doc, _name, _error in file_documents(ws):
+    folder = ws.files.claims
+    try:
+        names = json_names(folder)
+    except NotADirectoryError:
+        return out
+    for name in names:
+        try:
+            doc = read_json(os.path.join(folder, name))
+        except (OSError, ValueError):
+            continue
         if _is_record(doc) and is_path_item(doc["item"]) and not doc.get("released_at"):
             out[doc["item"]] = index_prefix(doc["item"])
     return out

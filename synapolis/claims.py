@@ -15,9 +15,7 @@ from .atomic import (JsonlLog, atomic_write_json, json_files, locked, open_regul
                      restorable)
 from .errors import (BusyError, ConflictError, ForbiddenError, InternalError, NotFoundError, StaleToken,
                      SynapolisError, UsageError)
-from .claim_index import file_candidates, file_index_change, file_records
-from .names import check_text, validate_agent_id, validate_claim_item, validate_session_id
-from .pathpatterns import is_name
+from .names import check_text, is_name, validate_agent_id, validate_claim_item, validate_session_id
 from .store import clock
 from .timeutil import format_ts, humanize_age, parse_ts
 
@@ -332,6 +330,8 @@ class FileSlot:
         """
         history = record.get("transitions") or []
         path_item = not is_name(self.item)
+        if path_item:
+            from .claim_index import file_index_change  # a name's claim never loads the path machinery
         if path_item and not record.get("released_at"):
             file_index_change(self.ws, self.item, True)  # before the file: a crash leaves a candidate, never a gap
         with self._log() as log, restorable(self.path):
@@ -341,12 +341,19 @@ class FileSlot:
             atomic_write_json(self.path, record)
             log.append(event)
         if path_item and record.get("released_at"):
-            file_index_change(self.ws, self.item, False)
+            try:
+                file_index_change(self.ws, self.item, False)
+            except (OSError, SynapolisError):
+                pass  # released already: the entry left is one extra candidate (claim_index), never a gap
 
     def path_claim_candidates(self, prefixes, under: str | None = None) -> list[str]:
+        from .claim_index import file_candidates
+
         return file_candidates(self.ws, prefixes, under)
 
     def claim_records(self, items) -> dict:
+        from .claim_index import file_records
+
         return file_records(self.ws, items)
 
     def settle(self) -> None:

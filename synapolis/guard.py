@@ -65,10 +65,13 @@ def _check_paths(paths) -> list[str]:
 def blocking(ws, caller: str | None, rel_paths: list[str], now: datetime) -> dict[str, list[dict]]:
     """{relative path: [claim records of live others whose pattern matches it]} (paths nobody blocks left out)."""
     from .claim_index import holders_of
-    from .claims import holder_status
-    from .status import CLAIMABLE_FROM
 
     found = holders_of(ws, rel_paths, now)
+    if not found:
+        return {}
+    from .claims import holder_status  # only a path somebody holds asks who that is
+    from .status import CLAIMABLE_FROM
+
     statuses: dict[str, str] = {}
     out: dict[str, list[dict]] = {}
     for path, records in found.items():

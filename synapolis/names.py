@@ -79,6 +79,15 @@ def validate_session_id(value, what: str = "session id") -> str:
     return _check_id(value, what)
 
 
+WORD_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-"
+
+
+def is_name(item: str) -> bool:
+    """A `word:` item (`ticket:142`) is a name, compared as a whole; every other item is a path pattern (§14)."""
+    head, sep, _rest = item.partition(":")
+    return bool(sep) and head != "" and not head.strip(WORD_CHARS)
+
+
 def validate_claim_item(value, what: str = "claim item") -> str:
     """A claim item (contract §2): a `word:` name, or a path pattern relative to the project (§14)."""
     if not isinstance(value, str) or value == "":
@@ -91,9 +100,9 @@ def validate_claim_item(value, what: str = "claim item") -> str:
         raise UsageError(f"{what} {_shown(value)} may not contain '//'")
     if any(part in (".", "..") for part in value.split("/")):
         raise UsageError(f"{what} {_shown(value)} may not contain a '.' or '..' segment")
-    from .pathpatterns import PatternError, check_pattern, is_name
-
     if not is_name(value):
+        from .pathpatterns import PatternError, check_pattern
+
         try:
             check_pattern(value)
         except PatternError as exc:

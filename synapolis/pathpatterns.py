@@ -6,10 +6,10 @@ Pure functions, no file system. A pattern is gitignore-style and anchored at the
   character, `[abc]` / `[a-z]` one of a set (no negation: `!` and `^` are not item characters);
 - a segment that is exactly `**` matches any number of segments, none included; a `**` that is
   part of a longer segment (`a**b`) is two `*` (git does the same);
-- a pattern also matches everything under a path it matches (git ignores a whole folder the same
-  way), so `src/api`, `src/api/` and `src/api/**` all hold the folder `src/api` and everything in it.
-  That is what "a trailing `/` or `/**` means the folder and everything under it" says, and for a
-  file it changes nothing (a file has nothing under it).
+- a trailing `/` or `/**` means the folder and everything under it: `src/api/` and `src/api/**` both
+  hold `src/api` and every path below it. Any other pattern matches whole paths only: `src/*.py` holds
+  `src/main.py`, not `src/lib/x.py`; a literal `src/api` is the one path `src/api` (the CLI writes
+  `src/api/` for a claim of an existing folder, synapolis.project.normalize_item).
 
 Unlike a .gitignore line, a pattern without a slash is not matched at every depth: `*.md` is the
 Markdown files at the root; write `**/*.md` for all of them (a claim is relative to the project).
@@ -27,21 +27,16 @@ both functions against `pathspec` as an independent oracle (tests/test_pathpatte
 
 from __future__ import annotations
 
+from .names import is_name  # noqa: F401  (a claim item's kind: here with the rest of the item rules' readers)
+
 GLOBSTAR = "**"  # a segment matching any number of segments
 _STAR = 0  # a token: any run of characters within a segment
 _ANY = 1  # a token: any one character (`?`)
 _WILD = "*?["
-WORD_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-"
 
 
 class PatternError(ValueError):
     """A path pattern that cannot be read (an unclosed `[`, an empty range)."""
-
-
-def is_name(item: str) -> bool:
-    """A `word:` item (`ticket:142`) is a name, compared as a whole; every other item is a path pattern."""
-    head, sep, _rest = item.partition(":")
-    return bool(sep) and head != "" and not head.strip(WORD_CHARS)
 
 
 def has_wildcards(text: str) -> bool:
@@ -98,11 +93,31 @@ def _segment(segment: str, fold: bool):
     return tuple(tokens)
 
 
+def is_folder(pattern: str) -> bool:
+    """Whether the pattern names a folder and everything under it (a trailing `/` or `/**`)."""
+    return pattern.endswith("/") or pattern == GLOBSTAR or pattern.endswith("/" + GLOBSTAR)
+
+
+_COMPILED: dict = {}  # (pattern, fold) -> compile_pattern's answer; a long-lived server keeps at most _KEEP
+_KEEP = 50_000
+
+
 def compile_pattern(pattern: str, fold: bool = False) -> tuple:
-    """The pattern as a tuple of segments (str literal, token tuple, or GLOBSTAR), always ending in GLOBSTAR
-    (everything under a match matches). `fold`: compare without case (a case-insensitive file system)."""
+    """The pattern as a tuple of segments (str literal, token tuple, or GLOBSTAR); a folder pattern ends in
+    GLOBSTAR (everything under it). `fold`: compare without case (a case-insensitive file system)."""
+    found = _COMPILED.get((pattern, fold))
+    if found is None:
+        if len(_COMPILED) >= _KEEP:
+            _COMPILED.clear()
+            _REGEX.clear()
+        found = _COMPILED[(pattern, fold)] = _compile(pattern, fold)
+    return found
+
+
+def _compile(pattern: str, fold: bool) -> tuple:
+    folder = is_folder(pattern)
     parts = [p for p in pattern.split("/") if p not in ("", ".")]
-    while parts and parts[-1] == GLOBSTAR:
+    while folder and parts and parts[-1] == GLOBSTAR:
         parts.pop()
     out: list = []
     for part in parts:
@@ -112,7 +127,8 @@ def compile_pattern(pattern: str, fold: bool = False) -> tuple:
             out.append(GLOBSTAR)
         else:
             out.append(_segment(part, fold))
-    out.append(GLOBSTAR)
+    if folder and (not out or out[-1] is not GLOBSTAR):
+        out.append(GLOBSTAR)
     return tuple(out)
 
 
@@ -254,29 +270,55 @@ def common_segment(a, b) -> str | None:
 
 # --- whole patterns ------------------------------------------------------------------------------
 
+_REGEX: dict = {}  # compiled pattern -> its regular expression (json has loaded `re` already)
+
+
+def _token_regex(token) -> str:
+    import re
+
+    if token is _STAR:
+        return "[^/]*"
+    if token is _ANY:
+        return "[^/]"
+    chars = sorted(token)
+    if not chars:
+        return "(?!)"
+    return re.escape(chars[0]) if len(chars) == 1 else "[" + "".join(re.escape(c) for c in chars) + "]"
+
+
+def _regex(compiled: tuple):
+    """The compiled pattern as one regular expression over a whole path (made once per pattern)."""
+    found = _REGEX.get(compiled)
+    if found is not None:
+        return found
+    import re
+
+    folder = bool(compiled) and compiled[-1] is GLOBSTAR
+    body = compiled[:-1] if folder else compiled
+    parts = []
+    for i, seg in enumerate(body):
+        last = i == len(body) - 1
+        if seg is GLOBSTAR:
+            parts.append("(?:[^/]+/)*")  # any number of whole segments, each followed by its slash
+            continue
+        text = re.escape(seg) if isinstance(seg, str) else "".join(_token_regex(t) for t in seg)
+        parts.append(text + ("" if last else "/"))
+    text = "".join(parts)
+    if folder:  # the folder itself, or anything under it; everything when the pattern is only `**`
+        text = text + "(?:/.*)?" if body else "[^/].*"
+    found = _REGEX[compiled] = re.compile(text, re.DOTALL)
+    return found
+
+
 def matches(compiled: tuple, path: str) -> bool:
     """Whether the compiled pattern matches `path` (normalised, relative, segments joined by `/`)."""
-    if all(isinstance(s, str) for s in compiled[:-1]) and GLOBSTAR not in compiled[:-1]:
-        literal = "/".join(compiled[:-1])
+    body, folder = (compiled[:-1], True) if compiled and compiled[-1] is GLOBSTAR else (compiled, False)
+    if GLOBSTAR not in body and all(isinstance(s, str) for s in body):
+        literal = "/".join(body)
+        if not folder:
+            return path == literal
         return literal == "" or path == literal or path.startswith(literal + "/")
-    parts = path.split("/")
-    memo: dict = {}
-
-    def walk(i: int, j: int) -> bool:
-        key = (i, j)
-        if key in memo:
-            return memo[key]
-        seg = compiled[i] if i < len(compiled) else None
-        if seg is GLOBSTAR:
-            ok = walk(i + 1, j) or (j < len(parts) and walk(i, j + 1))
-        elif seg is None:
-            ok = j == len(parts)
-        else:
-            ok = j < len(parts) and segment_match(seg, parts[j]) and walk(i + 1, j + 1)
-        memo[key] = ok
-        return ok
-
-    return walk(0, 0)
+    return _regex(compiled).fullmatch(path) is not None
 
 
 def common_path(a: tuple, b: tuple) -> str | None:

@@ -107,15 +107,26 @@ def relative_path(path: str, root: str, fold: bool = False) -> str | None:
 
 def normalize_item(ws, item: str) -> str:
     """A claim item as the store keeps it: a name as given; a path pattern with `./` and duplicate slashes
-    dropped and an absolute path inside the project made relative (outside it: UsageError). The trailing
-    `/` of a folder is kept, and case is kept (overlap is decided without case where the file system
-    ignores it). Validation (names.validate_claim_item) comes after."""
+    dropped and an absolute path inside the project made relative (outside it: UsageError); a literal path
+    naming a folder that exists in the project gets its trailing `/` (the folder and everything under it,
+    which is what a person claiming `src/api` means). Case is kept (overlap is decided without case where
+    the file system ignores it). Validation (names.validate_claim_item) comes after."""
     if not isinstance(item, str) or item == "":
         return item
-    from .pathpatterns import is_name
+    from .names import is_name
+    from .pathpatterns import has_wildcards
 
     if is_name(item):
         return item
+    item = _tidy_item(ws, item)
+    if not item.endswith("/") and not has_wildcards(item) and ".." not in item.split("/"):
+        root, _fold = project_of(ws)
+        if os.path.isdir(os.path.join(root, item)):
+            return item + "/"
+    return item
+
+
+def _tidy_item(ws, item: str) -> str:
     trailing = item.endswith("/") and item.strip("/") != ""
     if os.path.isabs(item):
         root, _fold = project_of(ws)

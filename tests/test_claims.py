@@ -453,7 +453,7 @@ def test_cli_claim_json_conflict_and_text(cli, state_dir):
 
 def test_cli_claims_on_missing_state_dir_reads_nothing(cli, state_dir):
     result = cli("claims", "--json")
-    assert result.returncode == 0 and json.loads(result.stdout) == {"claims": []}
+    assert result.returncode == 0 and json.loads(result.stdout) == {"claims": [], "waiting": []}
     assert cli("claims").stdout.strip() == "no claims"
     assert not state_dir.exists()
 

@@ -370,3 +370,64 @@ def test_postgres_keeps_its_index_in_the_claims_transaction(tmp_path, pg_url):
     with store_for(ws).transaction() as cur:
         cur.execute("SELECT count(*) AS n FROM claim_paths")
         assert cur.fetchone()["n"] == 0
+
+
+def test_a_claim_of_an_existing_folder_holds_what_is_in_it(project, ws):
+    (project / "src" / "api").mkdir(parents=True)
+    state = ws.root
+    out = run(state, "claim", "src/api", "--agent-id", "alice", "--json")
+    assert json.loads(out.stdout)["claim"]["item"] == "src/api/"
+    assert run(state, "claim", "src/api/new.py", "--agent-id", "bob").returncode == 3
+    # a literal path that is no folder is the one path: a file in a folder of that name is not under it
+    assert run(state, "claim", "lib/a.py", "--agent-id", "alice").returncode == 0
+    assert run(state, "claim", "**/*.md", "--agent-id", "bob").returncode == 3  # src/api/x.md is alice's
+    assert run(state, "claim", "docs/**/*.md", "--agent-id", "bob").returncode == 0
+    assert guard(ws, Who("bob"), ["lib/a.py"])["allowed"] is False
+    assert guard(ws, Who("alice"), ["docs/x.md", "docs/a/b.md"])["blocked"][1]["item"] == "docs/**/*.md"
+
+
+def test_nothing_held_is_known_without_the_store(project, ws, store_kind):
+    from synapolis.claim_index import nothing_held
+
+    if store_kind == "postgres":
+        assert nothing_held(ws) is False  # another store: always ask guard
+        return
+    assert nothing_held(ws, env={}) is True  # no claim at all
+    claims.claim(ws, "ticket:1", "alice")
+    assert nothing_held(ws, env={}) is False  # claim files but no index yet: ask
+    claims.claim(ws, "src/**", "alice")
+    assert nothing_held(ws, env={}) is False
+    claims.release(ws, "src/**", "alice")
+    assert nothing_held(ws, env={}) is True  # the index lists nothing held
+    assert nothing_held(ws, env={"SYNAPOLIS_STORE_URL": "postgresql://x/y"}) is False
+
+
+def test_case_is_folded_where_the_file_system_ignores_it(project, ws, monkeypatch):
+    from synapolis import project as proj
+
+    assert proj.ignores_case(str(project)) is False  # this machine's file system heeds case
+    claims.claim(ws, "Src/API/**", "alice")
+    assert guard(ws, Who("bob"), ["src/api/x.py"])["allowed"] is True
+    claims.claim(ws, "src/api/y.py", "bob")  # a different path where case counts
+    # on a file system that ignores case (macOS, Windows) both are the same folder
+    monkeypatch.setitem(proj._ROOTS, ws.files.root, (str(project), True))
+    assert guard(ws, Who("carol"), ["SRC/api/x.py"])["blocked"][0]["item"] == "Src/API/**"
+    with pytest.raises(ConflictError):
+        claims.claim(ws, "src/API/z.py", "carol")
+
+
+def test_reaped_and_force_released_path_claims_leave_the_index(project, ws):
+    from synapolis.claim_index import nothing_held
+
+    from synapolis.timeutil import format_ts
+
+    write_heartbeat(ws.paths, "alice", now=format_ts(NOW))  # alive at NOW: only the lapsed lease is reaped
+    claims.claim(ws, "src/**", "alice", ttl_s=1, now=NOW)
+    claims.claim(ws, "lib/**", "alice", now=NOW)
+    reaped = claims.reap(ws, now=NOW + timedelta(seconds=5))
+    assert [r["item"] for r in reaped] == ["src/**"]
+    claims.release(ws, "lib/**", "bob", force=True, reason="alice left", now=NOW + timedelta(seconds=6))
+    assert guard(ws, Who("bob"), ["src/a.py", "lib/b.py"], now=NOW + timedelta(seconds=7))["allowed"] is True
+    if ws.config.values.get("store", "sqlite") == "sqlite":
+        assert json.loads((ws.root / INDEX_FILE).read_text())["items"] == {}
+        assert nothing_held(ws, env={}) is True

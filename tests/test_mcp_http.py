@@ -61,7 +61,7 @@ def test_every_tool_over_http(served, cli, mode):
     async def main():
         async with mcp_http_client(served.url, alice_token, mode) as a, \
                 mcp_http_client(served.url, bob_token, mode) as b:
-            assert len((await a.list_tools()).tools) == 15
+            assert len((await a.list_tools()).tools) == 16
             session = (await ok(a, "start_session"))["session_id"]  # the token names the agent
             assert (await ok(b, "start_session", session_id=session))["agent_id"] == "bob"
             assert (await ok(a, "beat", task="http", session_id=session))["heartbeat"]["task"] == "http"
@@ -243,6 +243,7 @@ def test_read_only_token_reads_and_never_writes(served, cli):
     session = started["session_id"]
     cli("note", "hello", "--agent-id", "alice")
     cli("whiteboard-write", "k", "v", "--agent-id", "alice")
+    assert cli("claim", "src/held.py", "--agent-id", "alice").returncode == 0
     token = served.token("viewer", "--read-only")
     before = tree(served.state_dir / "sessions")
     beat_before = (served.state_dir / "heartbeats" / "alice.json").read_text()
@@ -252,6 +253,9 @@ def test_read_only_token_reads_and_never_writes(served, cli):
             assert [n["text"] for n in (await ok(r, "read_notes", session_id=session))["notes"]] == ["hello"]
             assert [a["id"] for a in (await ok(r, "list_agents", session_id=session))["agents"]] == ["alice"]
             assert (await ok(r, "read_whiteboard", key="k", session_id=session))["entry"]["value"] == "v"
+            # the guard reads as nobody: a path a live agent holds is blocked for a read-only token
+            asked = await ok(r, "guard", paths=["src/held.py", "src/free.py"])
+            assert asked["agent_id"] is None and [b["path"] for b in asked["blocked"]] == ["src/held.py"]
             notes = json.loads((await r.read_resource(notes_uri(session))).contents[0].text)
             assert [n["text"] for n in notes["notes"]] == ["hello"]
             for tool, args in (("start_session", {}), ("beat", {}), ("note", {"text": "x"}),

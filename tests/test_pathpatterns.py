@@ -10,6 +10,7 @@ every pair it calls overlapping comes with a path that the oracle says matches b
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
@@ -19,24 +20,40 @@ from synapolis.pathpatterns import (GLOBSTAR, PatternError, common_path, compile
 pathspec = pytest.importorskip("pathspec")
 
 
-def _oracle_line(pattern: str) -> str:
-    parts = [p for p in pattern.split("/") if p]
-    while parts and parts[-1] == "**":
-        parts.pop()
-    return "/" + "/".join(parts) if parts else "**"
+_EXACT: dict = {}
 
 
-_SPECS: dict = {}
+def _exact(line: str):
+    """git's glob of `line` (anchored: `/...`) as pathspec translates it, matching whole paths only: pathspec
+    ends each regex with `(?:/|$)` (what lies under a match is ignored too) or `/?$`, cut to `$` here."""
+    found = _EXACT.get(line)
+    if found is None:
+        regex = pathspec.PathSpec.from_lines("gitignore", [line]).patterns[0].regex.pattern
+        for tail in ("(?:/|$)", "/?$"):  # (a last segment `*` ends in `/?$`: a folder named by its slash)
+            if regex.endswith(tail):
+                regex = regex[:-len(tail)] + "$"
+                break
+        else:
+            if regex != ".":  # `**/*` and the like: every path
+                raise AssertionError(f"pathspec's regex of {line} has a new shape: {regex}")
+        found = _EXACT[line] = re.compile(regex)
+    return found
 
 
 def oracle(pattern: str, path: str, fold: bool = False) -> bool:
-    """pathspec's gitignore matching of `/pattern` against the path or any of its leading folders."""
+    """The contract's reading of `pattern` through pathspec's globs: a folder pattern (a trailing `/` or
+    `/**`) matches the folder and everything under it, any other pattern whole paths."""
     if fold:
         pattern, path = pattern.lower(), path.lower()
-    spec = _SPECS.get(pattern)
-    if spec is None:
-        spec = _SPECS[pattern] = pathspec.PathSpec.from_lines("gitignore", [_oracle_line(pattern)])
-    return any(spec.match_file(prefix) for prefix in prefixes_of(path)[1:])
+    folder = pattern.endswith("/") or pattern == "**" or pattern.endswith("/**")
+    parts = [p for p in pattern.split("/") if p]
+    while folder and parts and parts[-1] == "**":
+        parts.pop()
+    if not parts:
+        return True
+    regex = _exact("/" + "/".join(parts))
+    candidates = prefixes_of(path)[1:] if folder else [path]
+    return any(regex.match(candidate) for candidate in candidates)
 
 
 # -- the table of §14 and the edges --------------------------------------------------------------------
@@ -47,16 +64,15 @@ TABLE = [
     ("**/*.md", "docs/api.md", True),
     ("src/api/*.py", "src/api/v2/x.py", False),
     ("docs/**", "src/**", False),
-    # a folder three ways, and everything under it
-    ("src/api/", "src/api/users.py", True), ("src/api", "src/api/v2/x.py", True), ("src/api/**", "src/api", True),
-    ("src/api/", "src/apiary/x.py", False),
+    # a folder two ways, and everything under it; without them a pattern matches whole paths only
+    ("src/api/", "src/api/users.py", True), ("src/api/**", "src/api", True), ("src/api/", "src/apiary/x.py", False),
+    ("src/api", "src/api/v2/x.py", False), ("src/a.py", "**/*.md", False), ("src/a.py", "src/a.py", True),
     # anchored at the project root, unlike a .gitignore line
     ("*.md", "docs/api.md", False), ("*.md", "README.md", True),
     ("**", "anything/at/all", True), ("**", "**", True), ("**/x", "a/b/x", True), ("a/**/b", "a/b", True),
-    ("a/**/b", "a/x/y/b", True), ("a/**/b", "c/x/b", False),
-    # what lies under a path is held with it: a/x/y/c/b is under a/x/y/c
-    ("a/**/b", "a/x/y/c", True),
-    ("src/*.py", "src/a/b.py", False), ("src/*", "src/a/b.py", True),
+    ("a/**/b", "a/x/y/b", True), ("a/**/b", "c/x/b", False), ("a/**/b", "a/x/y/c", False),
+    ("a/**/b/", "a/x/b/c/d", True), ("a/**/b", "a/x/b/c/d", False),
+    ("src/*.py", "src/a/b.py", False), ("src/*", "src/a/b.py", False), ("src/*/", "src/a/b.py", True),
     ("src/[ab].py", "src/c.py", False), ("src/[a-c].py", "src/?.py", True), ("src/[ab]x", "src/[bc]x", True),
     ("src/[a]x", "src/[b]x", False), ("a*b", "*c", False), ("a*", "*b", True), ("a**b", "ab", True),
     ("x?z", "xyz", True), ("x?z", "xz", False), (".github/workflows/ci.yml", ".github/**", True),
@@ -88,6 +104,7 @@ def test_matching_a_path():
     assert matches(compile_pattern("src/*.py"), "src/a[1].py")
     assert matches(compile_pattern("src/a.py"), "src/a.py") and not matches(compile_pattern("src/a.py"), "src/a.pyc")
     assert matches(compile_pattern("**"), "x") and matches(compile_pattern("src/"), "src/deep/er/file")
+    assert not matches(compile_pattern("src"), "src/deep") and matches(compile_pattern("src"), "src")
 
 
 def test_names_and_prefixes():
@@ -96,7 +113,8 @@ def test_names_and_prefixes():
     assert literal_prefix("src/api/*.py") == "src/api" and literal_prefix("**/*.md") == ""
     assert literal_prefix("src/api/") == "src/api" and literal_prefix("src/[ab]/x") == "src"
     assert prefixes_of("a/b/c.py") == ["", "a", "a/b", "a/b/c.py"]
-    assert compile_pattern("a/**/**/b/**")[1] is GLOBSTAR and compile_pattern("a/**/**/b/**")[2] == "b"
+    assert compile_pattern("a/**/**/b/**") == ("a", GLOBSTAR, "b", GLOBSTAR)
+    assert compile_pattern("a/**/b") == ("a", GLOBSTAR, "b") and compile_pattern("**") == (GLOBSTAR,)
 
 
 @pytest.mark.parametrize("bad", ["src/[ab", "[", "src/[z-a].py", "x/[]"])

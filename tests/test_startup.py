@@ -183,9 +183,16 @@ def test_claim_verbs_load_nothing_heavy(pair, state_dir):
         assert answer["claim"]["token"] == 1 and answer.get("event") == expect, answer
         assert not names & (HEAVY | WEIGHTY | {"click", "threading"}), sorted(names & (HEAVY | WEIGHTY))
         # a claim loads what a beat loads and its own module: no contextlib (the lock and the slot are
-        # classes), no status (asked only when a claim meets another's lease), no random (--wait's jitter)
-        assert _modules(done) - beat_modules == {"synapolis.claims"}, sorted(_modules(done) - beat_modules)
+        # classes), no status (asked only when a claim meets another's lease), no random (--wait's jitter);
+        # a path item (contract §14) also its index, its pattern rules and the project's root
+        path_modules = {"synapolis.claim_index", "synapolis.pathpatterns", "synapolis.project"}
+        assert _modules(done) - beat_modules <= {"synapolis.claims"} | path_modules, \
+            sorted(_modules(done) - beat_modules)
     assert json.loads((ws.paths.claims / "src%2Fapi.py.json").read_text())["released_by"] == "alice"
+    # a name's claim loads none of the path machinery: as cheap as before path patterns
+    names, done = loaded("--state-dir", str(state_dir), "claim", "ticket:142", *me, "--json")
+    assert done.returncode == 0, _stderr(done)
+    assert _modules(done) - beat_modules == {"synapolis.claims"}, sorted(_modules(done) - beat_modules)
 
     # the controls: a name past 180 characters is hashed (hashlib loads), and a held lock is waited for
     # through filelock, which the run then loads

@@ -111,7 +111,8 @@ def guard_cmd(ws, paths, staged, agent_id, session_id, run_token, as_json):
 
     def text(d):
         if d["allowed"]:
-            return f"ok: {len(wanted)} path{'s' if len(wanted) != 1 else ''} free for {d['agent_id'] or 'anyone'}"
+            free = f"ok: {len(wanted)} path{'s' if len(wanted) != 1 else ''} free"
+            return free + (f" for {d['agent_id']}" if d["agent_id"] else " (no agent: held by nobody live)")
         lines = []
         for b in d["blocked"]:
             lines.append(f"blocked: {b['relative_path']} is held by {b['claimed_by']} ({b['item']}, token {b['token']}) "

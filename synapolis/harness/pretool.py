@@ -11,15 +11,14 @@ event, an unreachable store, a timeout (hooks.run_bounded). `guard.mode` "warn" 
 the reason as context where the harness takes context before a tool (Claude Code, Codex); "off" answers
 nothing at all. With `guard.auto_claim`, an edit that is let through claims its files for the editor.
 
-Most edits meet no claim at all, so before opening any store the hook asks `nothing_held`: the SQLite
-store's claims/ folder unchanged (same mtime and inode) since a look found no claim held. docs/HOOKS.md,
+Most edits meet no claim at all, so before opening any store the hook asks `nothing_held` (the claims
+index is empty) and then `none_could_match` (no claim in the index near these paths). docs/HOOKS.md,
 "Pre-tool events", says why that never lets a held file through.
 """
 
 from __future__ import annotations
 
 import os
-import time
 
 # harness -> tool -> the keys of tool_input that name the file it writes ("patch": a Codex patch's paths)
 TOOLS: dict[str, dict[str, tuple]] = {
@@ -32,13 +31,8 @@ from .hooks import PRETOOL_EVENTS as EVENTS  # noqa: E402 - loaded already whene
 
 # the matcher installed with the event: the harness starts no process at all for any other tool
 MATCHERS = {harness: "|".join(tools) for harness, tools in TOOLS.items()}
-MEMO = "guard-quiet.json"
 INDEX_FILE = "claims-index.json"  # claim_index.INDEX_FILE (tests/test_startup.py checks they agree)
-# A claims/ folder changed this recently is not remembered as quiet: a claim written within the same
-# tick of the file system's clock would leave its mtime as it was (git's "racy" index problem).
-RACY_S = 2.0
-SCAN_AT_MOST = 256
-MAX_LINES = 20  # blocked paths named one by one in a refusal (each line is a few hundred characters)  # claim files a hook reads to find "nothing held"; more, and it does not remember
+MAX_LINES = 20  # blocked paths named one by one in a refusal (each line is a few hundred characters)
 
 
 def tool_paths(harness: str, event: dict) -> list[str] | None:
@@ -75,32 +69,19 @@ def absolute(paths: list[str], event: dict, env) -> list[str]:
 
 # -- the quiet path: no store opened when nothing is held -----------------------------------------
 
-def _memo_path(ws) -> str:
-    return os.path.join(ws.files.hook_states, MEMO)
-
-
-def _claims_stamp(ws):
-    """(mtime_ns, inode) of the claims/ folder; None when there is none (nothing was ever claimed)."""
-    st = os.stat(ws.files.claims)
-    return [st.st_mtime_ns, st.st_ino]
-
-
 def nothing_held(ws, env) -> bool:
-    """True only when no path claim can be held, answered from files (the SQLite store only):
+    """True only when no path claim can be held, answered from files (the SQLite store only): the claims
+    index (every path claim that may be held: an item goes in before its claim file is written and comes
+    out only after its release is) is there and empty, or there is no index and no claim file at all.
 
-    - the claims index (claim_index: every path claim that may be held, an item added before its claim
-      file is written and removed only after its release is) is there and empty; else, with no index,
-    - there is no claim file at all (nothing was ever claimed here); else
-    - the claims/ folder is exactly as it was (mtime and inode) when a look found no claim in it held:
-      every claim change replaces a file in that folder, which moves its mtime."""
+    claim_index.nothing_held's answer, read without importing claim_index (its pattern code and datetime
+    would be most of a quiet call); tests/test_pretool.py checks the two agree."""
     from . import quiet
 
     if not quiet._sqlite(ws, env):
         return False
     from ..atomic import read_json_or
 
-    # claim_index.read_file_index's reading, without importing claim_index (its pattern code and datetime
-    # are most of a quiet call): any document other than a version-1 index counts as no index
     path = os.path.join(ws.files.root, INDEX_FILE)
     try:
         if os.stat(path).st_size > 4096:
@@ -111,53 +92,12 @@ def nothing_held(ws, env) -> bool:
     if isinstance(index, dict) and index.get("schema_version") == 1 and isinstance(index.get("items"), dict):
         return not index["items"]
     try:
-        stamp = _claims_stamp(ws)
-        if not any(name.endswith(".json") for name in os.listdir(ws.files.claims)):
-            return True
+        with os.scandir(ws.files.claims) as entries:
+            return not any(entry.name.endswith(".json") for entry in entries)
     except FileNotFoundError:
         return True
     except OSError:
         return False
-    memo = read_json_or(_memo_path(ws), None)
-    return isinstance(memo, dict) and memo.get("claims") == stamp
-
-
-def remember_quiet(ws, env, now_s: float) -> None:
-    """After a full look: remember the claims/ folder as quiet when no claim in it is held now (a bounded
-    look, best effort; not remembered means only that the next call looks again)."""
-    from . import quiet
-
-    if not quiet._sqlite(ws, env) or os.path.exists(os.path.join(ws.files.root, INDEX_FILE)):
-        return  # the claims index answers nothing_held by itself
-    try:
-        stamp = _claims_stamp(ws)
-        if time.time() - stamp[0] / 1e9 < RACY_S:  # the file system's clock, whatever `now_s` says
-            return
-        names = [n for n in os.listdir(ws.files.claims) if n.endswith(".json")]
-        if len(names) > SCAN_AT_MOST or _any_held(ws, names, now_s):
-            return
-        from ..atomic import atomic_write_json
-
-        os.makedirs(ws.files.hook_states, mode=0o700, exist_ok=True)
-        atomic_write_json(_memo_path(ws), {"claims": stamp}, durable=False)
-    except (OSError, ValueError):
-        return
-
-
-def _any_held(ws, names, now_s: float) -> bool:
-    """Whether any of these claim files is unreleased and unexpired at `now_s` (an unreadable one counts)."""
-    from ..atomic import read_json
-    from ..timeutil import parse_ts
-
-    for name in names:
-        try:
-            doc = read_json(os.path.join(ws.files.claims, name))
-            if doc.get("released_at") or parse_ts(doc["expires_at"]).timestamp() <= now_s:
-                continue
-        except (OSError, ValueError, KeyError, AttributeError, TypeError):
-            pass  # unreadable: it may be held
-        return True
-    return False
 
 
 def none_could_match(ws, env, wanted: list[str]) -> bool:
@@ -274,7 +214,7 @@ def handle(harness: str, event: dict, state_dir, env, result: dict, now=None) ->
     paths = tool_paths(harness, event)
     if not paths:
         return
-    from . import hooks, quiet
+    from . import hooks
 
     ws = hooks._workspace(state_dir, env, event)
     mode, auto = ws.config.guard_mode, ws.config.auto_claim
@@ -283,9 +223,7 @@ def handle(harness: str, event: dict, state_dir, env, result: dict, now=None) ->
     if not auto and nothing_held(ws, env):
         return  # no claim anywhere: no store opened, no identity needed
     wanted = absolute(paths, event, env)
-    seconds, _stamp = quiet.clock(now)
     if not auto and none_could_match(ws, env, wanted):
-        remember_quiet(ws, env, seconds)  # (without a claims index: for the next call's nothing_held)
         return  # no claim that may be held has a pattern these paths could match: the guard's own answer
     state = _conversation_state(ws, harness, event, env)
     agent_id = state.get("agent_id") or hooks.agent_id_for(harness, hooks.conversation_id(event), env)
@@ -308,8 +246,6 @@ def handle(harness: str, event: dict, state_dir, env, result: dict, now=None) ->
         return
     if auto:
         result["claimed"] = _auto_claim(ws, harness, event, env, state, wanted, result, now)
-    else:
-        remember_quiet(ws, env, seconds)
 
 
 def _conversation_state(ws, harness, event, env) -> dict:
