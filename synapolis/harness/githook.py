@@ -106,8 +106,9 @@ def install(project_dir, state_dir) -> dict:
     if changed:
         atomic_write_bytes(hook, text.encode(), mode=0o755)
     os.chmod(hook, 0o755)
-    return {"harness": "git", "hook": hook, "changed": changed or moved, "chained": chained if os.path.lexists(chained) else None,
-            "hooks_dir": folder, "state_dir": os.path.abspath(str(state_dir))}
+    return {"harness": "git", "hook": hook, "changed": changed or moved,
+            "chained": chained if os.path.lexists(chained) else None, "hooks_dir": folder,
+            "state_dir": os.path.abspath(str(state_dir))}
 
 
 def uninstall(project_dir) -> dict:

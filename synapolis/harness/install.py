@@ -30,9 +30,11 @@ class HarnessSpec:
 # limit is the backstop. Claude Code and Codex count seconds, Gemini CLI milliseconds.
 HARNESSES: dict[str, HarnessSpec] = {
     "claude-code": HarnessSpec("claude-code", ".claude/settings.json",
-                               ("SessionStart", "UserPromptSubmit", "PreToolUse", "PostToolUse", "Stop", "SessionEnd"), 10, "s"),
+                               ("SessionStart", "UserPromptSubmit", "PreToolUse", "PostToolUse", "Stop",
+                                "SessionEnd"), 10, "s"),
     "gemini-cli": HarnessSpec("gemini-cli", ".gemini/settings.json",
-                              ("SessionStart", "BeforeAgent", "BeforeTool", "AfterTool", "AfterAgent", "SessionEnd"), 10000, "ms"),
+                              ("SessionStart", "BeforeAgent", "BeforeTool", "AfterTool", "AfterAgent",
+                               "SessionEnd"), 10000, "ms"),
     "codex": HarnessSpec("codex", ".codex/hooks.json",
                          ("SessionStart", "UserPromptSubmit", "PreToolUse", "PostToolUse", "Stop"), 10, "s"),
 }
