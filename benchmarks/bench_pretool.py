@@ -81,13 +81,16 @@ def main() -> int:
                                         (hook, env_empty, free, ""), (hook, env_full, free, ""),
                                         (hook, env_full, held, "deny")):
             timed(cmd, env, stdin=stdin, expect=expect, quiet=True)  # warm-up: bytecode, page cache
-        rows = {k: [] for k in ("base", "post", "pre0", "pre_free", "pre_held")}
-        for _ in range(args.runs):
-            rows["base"].append(timed(baseline, env_empty, quiet=True))
-            rows["post"].append(timed(hook, env_empty, stdin=post, quiet=True))
-            rows["pre0"].append(timed(hook, env_empty, stdin=free, expect="{}", quiet=True))
-            rows["pre_free"].append(timed(hook, env_full, stdin=free, expect="{}", quiet=True))
-            rows["pre_held"].append(timed(hook, env_full, stdin=held, expect="deny", quiet=True))
+        cases = {"base": (baseline, env_empty, None, ""), "post": (hook, env_empty, post, ""),
+                 "pre0": (hook, env_empty, free, "{}"), "pre_free": (hook, env_full, free, "{}"),
+                 "pre_held": (hook, env_full, held, "deny")}
+        rows = {k: [] for k in cases}
+        order = list(cases)
+        for run in range(args.runs):
+            # each run starts one case further on, so no case always follows the same other one
+            for name in order[run % len(order):] + order[:run % len(order)]:
+                cmd, env, stdin, expect = cases[name]
+                rows[name].append(timed(cmd, env, stdin=stdin, expect=expect, quiet=True))
             actions.beat(Workspace.open(full), None, env={"SYNAPOLIS_AGENT_ID": "alice"})  # alice stays live
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -109,7 +112,7 @@ def main() -> int:
     lines = [f"## Pre-tool guard hook ({SECTION})", "",
              f"Machine: {machine()}; load average {load} at the end. Command: "
              f"`{Path(sys.executable).name} benchmarks/bench_pretool.py --runs {args.runs} --claims {args.claims}` "
-             f"(interleaved runs, medians; the console script `{Path(hook[0]).name}`; the {args.claims:,} claims "
+             f"(interleaved runs in a rotating order, medians; the console script `{Path(hook[0]).name}`; the {args.claims:,} claims "
              f"took {setup_s:.0f} s to make through the library).  ",
              interpreter(), "", *ratio_table(table), "",
              f"Targets: no claim held within the quiet PostToolUse's ratio ({quiet_ratio:.2f}x) — "

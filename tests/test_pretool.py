@@ -298,3 +298,16 @@ def test_a_patch_of_many_held_files_is_refused_in_a_bounded_answer(ws, project):
     out = run("codex", event("codex", project, "apply_patch", {"command": patch}), ws)
     reason = out["output"]["hookSpecificOutput"]["permissionDecisionReason"]
     assert len(out["blocked"]) == 500 and len(reason) < 10_000 and "480 more held path(s)" in reason
+
+
+@pytest.mark.sqlite_only
+def test_one_reading_reads_the_claims_index_once_and_only_inside(ws):
+    from synapolis.claim_index import one_reading, read_file_index
+
+    held_by_alice(ws, "src/a.py")
+    with one_reading():
+        first = read_file_index(ws)
+        first["planted"] = "x"  # a reader's change never reaches the others
+        claims.claim(ws, "src/b.py", "alice", now=NOW)  # a writer reads the index afresh, whatever the block
+        assert read_file_index(ws) == {"src/a.py": "src/a.py"}  # the one reading, as at its moment
+    assert set(read_file_index(ws)) == {"src/a.py", "src/b.py"}  # afterwards (and for the writer): read afresh

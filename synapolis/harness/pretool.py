@@ -223,16 +223,21 @@ def handle(harness: str, event: dict, state_dir, env, result: dict, now=None) ->
     if not auto and nothing_held(ws, env):
         return  # no claim anywhere: no store opened, no identity needed
     wanted = absolute(paths, event, env)
-    if not auto and none_could_match(ws, env, wanted):
-        return  # no claim that may be held has a pattern these paths could match: the guard's own answer
-    state = _conversation_state(ws, harness, event, env)
-    agent_id = state.get("agent_id") or hooks.agent_id_for(harness, hooks.conversation_id(event), env)
-    result["agent_id"] = agent_id
-    from ..guard import guard
-    from ..identity import Who
+    from ..claim_index import one_reading
 
-    who = Who(agent_id, state.get("session_id"), state.get("run_token"), named_only=True)
-    verdict = guard(ws, who, wanted, now=now, env=env)
+    # the pre-check and the guard read a big claims index once between them (never a claim: a writer must
+    # read the index afresh, so auto-claiming comes after this block)
+    with one_reading():
+        if not auto and none_could_match(ws, env, wanted):
+            return  # no claim that may be held has a pattern these paths could match: the guard's own answer
+        state = _conversation_state(ws, harness, event, env)
+        agent_id = state.get("agent_id") or hooks.agent_id_for(harness, hooks.conversation_id(event), env)
+        result["agent_id"] = agent_id
+        from ..guard import guard
+        from ..identity import Who
+
+        who = Who(agent_id, state.get("session_id"), state.get("run_token"), named_only=True)
+        verdict = guard(ws, who, wanted, now=now, env=env)
     blocked = verdict.get("blocked") or []
     if blocked:
         from ..store import clock
