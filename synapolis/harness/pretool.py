@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import os
 
+from .hooks import PRETOOL_EVENTS as EVENTS  # loaded already whenever this module is
+
 # harness -> tool -> the keys of tool_input that name the file it writes ("patch": a Codex patch's paths)
 TOOLS: dict[str, dict[str, tuple]] = {
     "claude-code": {"Edit": ("file_path",), "Write": ("file_path",), "MultiEdit": ("file_path",),
@@ -27,8 +29,6 @@ TOOLS: dict[str, dict[str, tuple]] = {
     "gemini-cli": {"write_file": ("file_path",), "replace": ("file_path",)},
     "codex": {"apply_patch": ("patch",)},
 }
-from .hooks import PRETOOL_EVENTS as EVENTS  # noqa: E402 - loaded already whenever this module is
-
 # the matcher installed with the event: the harness starts no process at all for any other tool
 MATCHERS = {harness: "|".join(tools) for harness, tools in TOOLS.items()}
 INDEX_FILE = "claims-index.json"  # claim_index.INDEX_FILE (tests/test_startup.py checks they agree)
