@@ -48,17 +48,47 @@ def index_path(ws) -> str:
     return os.path.join(ws.files.root, INDEX_FILE)
 
 
-def read_file_index(ws) -> dict | None:
-    """{item: prefix}, or None when there is no usable index (never written, removed, damaged)."""
+_HELD_READS: dict | None = None  # inside one_reading(): {index path: what it read}
+
+
+class one_reading:
+    """`with one_reading():` the index is read at most once in the body, and every reader in it gets that
+    reading (a hook asks file_candidates, then the guard asks again: one parse of a big index, not two).
+    The answers are those of a guard that ran at the moment of that read; nothing is kept after the body.
+    For pure queries only: a claim or release must not run inside (its overlap check must see the index as
+    it is under the path-claims lock; the writer's own update reads afresh regardless)."""
+
+    def __enter__(self):
+        global _HELD_READS
+        self.outer, _HELD_READS = _HELD_READS, ({} if _HELD_READS is None else _HELD_READS)
+        return self
+
+    def __exit__(self, *exc):
+        global _HELD_READS
+        _HELD_READS = self.outer
+        return False
+
+
+def read_file_index(ws, fresh: bool = False) -> dict | None:
+    """{item: prefix}, or None when there is no usable index (never written, removed, damaged). `fresh`: read
+    the file even inside one_reading() (a writer changes what it read)."""
     from .atomic import read_json
 
+    path = index_path(ws)
+    if _HELD_READS is not None and path in _HELD_READS and not fresh:
+        found = _HELD_READS[path]
+        return None if found is None else dict(found)
     try:
-        doc = read_json(index_path(ws))
+        doc = read_json(path)
     except (OSError, ValueError):
-        return None
+        doc = None
     if not isinstance(doc, dict) or doc.get("schema_version") != INDEX_VERSION or not isinstance(doc.get("items"), dict):
-        return None
-    return doc["items"]
+        items = None
+    else:
+        items = doc["items"]
+    if _HELD_READS is not None:
+        _HELD_READS[path] = None if items is None else dict(items)
+    return items
 
 
 def nothing_held(ws, env=None) -> bool:
@@ -111,7 +141,7 @@ def _write_file_index(ws, items: dict) -> None:
 def file_index_change(ws, item: str, held: bool) -> None:
     """Put `item` in the index (`held`) or take it out; under the path-claims lock. A missing index is
     rebuilt from the claim files first."""
-    items = read_file_index(ws)
+    items = read_file_index(ws, fresh=True)
     if items is None:
         items = _scan_items(ws)
     elif (item in items) == held:

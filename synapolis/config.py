@@ -44,12 +44,15 @@ DEFAULTS: dict = {
     "escalation": {"notify_cmd": None, "repeat_after_s": 86400, "notify_timeout_s": 10},
     # targets told of incidents, guard denials and deadlocks: [{url, format, events?}] (contract §15)
     "notify": [],
+    # the harness pre-tool hook and auto-claims (contract §14): "deny" | "warn" | "off"
+    "guard": {"mode": "deny", "auto_claim": False},
 }
+GUARD_MODES = ("deny", "warn", "off")
 
 
 def defaults() -> dict:
     """A fresh copy of DEFAULTS (one nested object, so no need to load `copy` for a deep copy)."""
-    return {**DEFAULTS, "escalation": dict(DEFAULTS["escalation"]), "notify": []}
+    return {**DEFAULTS, "escalation": dict(DEFAULTS["escalation"]), "notify": [], "guard": dict(DEFAULTS["guard"])}
 
 
 _DURATIONS = ("stale_after_s", "dead_after_s", "clock_skew_s", "claim_ttl_s", "redeliver_after_s")
@@ -118,6 +121,18 @@ def check_config(document) -> list[str]:
         for key in ("repeat_after_s", "notify_timeout_s"):
             if key in esc and not _positive_number(esc[key]):
                 problems.append(f"escalation.{key} must be a positive number of seconds (at most {MAX_DURATION_S})")
+    problems.extend(_guard_problems(document.get("guard", {})))
+    return problems
+
+
+def _guard_problems(guard) -> list[str]:
+    if not isinstance(guard, dict):
+        return ["guard must be an object"]
+    problems = [f"unknown key guard.{key}" for key in guard if key not in DEFAULTS["guard"]]
+    if "mode" in guard and guard["mode"] not in GUARD_MODES:
+        problems.append(f"guard.mode must be one of {', '.join(GUARD_MODES)}, not {guard['mode']!r}")
+    if "auto_claim" in guard and not isinstance(guard["auto_claim"], bool):
+        problems.append("guard.auto_claim must be true or false")
     return problems
 
 
@@ -207,6 +222,14 @@ class Config:
         return self.values["escalation"]["notify_timeout_s"]
 
     @property
+    def guard_mode(self) -> str:
+        return self.values.get("guard", DEFAULTS["guard"]).get("mode", "deny")
+
+    @property
+    def auto_claim(self) -> bool:
+        return bool(self.values.get("guard", DEFAULTS["guard"]).get("auto_claim", False))
+
+    @property
     def thresholds(self) -> dict:
         return {k: self.values[k] for k in ("stale_after_s", "dead_after_s", "clock_skew_s")}
 
@@ -246,8 +269,8 @@ def notify_problems(document) -> list[str]:
 def merge_defaults(document: dict) -> dict:
     values = defaults()
     for key, value in document.items():
-        if key == "escalation" and isinstance(value, dict):
-            values["escalation"].update(value)
+        if key in ("escalation", "guard") and isinstance(value, dict):
+            values[key].update(value)
         elif key in DEFAULTS:
             values[key] = value
     return values

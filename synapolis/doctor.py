@@ -332,30 +332,56 @@ def check_hook_commands(document: dict, harness: str, check: str, install: str, 
         if not words:
             results.append(finding(check, FAIL, f"cannot tell the program in the hook command {command!r}", install))
             continue
-        program = words[0]
-        found = program if os.sep in program else shutil.which(program, path=env.get("PATH"))
-        if found is None or not (os.path.isfile(found) and os.access(found, os.X_OK)):
-            where = "does not exist or is not executable" if os.sep in program else "is not on PATH"
-            results.append(finding(check, FAIL, f"the hooks run {program}, which {where}, so every hook fails",
-                                   f"{install} --scope local   (this machine's absolute path of synapolis, in a "
-                                   "file that is not committed)" if os.sep not in program else install))
-            continue
-        # a state directory option is kept; only the program is asked who it is
-        probe = [found, *(w for w in words[1:] if w in ("-m", "synapolis")), "--version"]
-        try:
-            done = subprocess.run(probe, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S,
-                                  stdin=subprocess.DEVNULL, env=dict(env))
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            results.append(finding(check, FAIL, f"the hooks' program {found} does not run: {exc}", install))
-            continue
-        if done.returncode != 0 or "synapolis" not in done.stdout:
-            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or [f"exit {done.returncode}"]
-            results.append(finding(check, FAIL, f"the hooks' program {found} does not run synapolis: {tail[0][:200]}",
-                                   install))
-            continue
-        bare = "" if os.sep in program else " (found on this PATH; the harness's PATH may differ)"
-        results.append(finding(check, OK, f"the hooks run {shlex.join(words)}: {done.stdout.strip()}{bare}"))
+        results.append(_probe_program(words, check, install, env))
     return results
+
+
+def _probe_program(words: list[str], check: str, install: str, env) -> dict:
+    """The finding for a hook's program (`words`: it and its options): found, and answers `--version` as synapolis."""
+    program = words[0]
+    found = program if os.sep in program else shutil.which(program, path=env.get("PATH"))
+    if found is None or not (os.path.isfile(found) and os.access(found, os.X_OK)):
+        where = "does not exist or is not executable" if os.sep in program else "is not on PATH"
+        return finding(check, FAIL, f"the hooks run {program}, which {where}, so every hook fails",
+                       f"{install} --scope local   (this machine's absolute path of synapolis, in a file that is "
+                       "not committed)" if os.sep not in program else install)
+    # a state directory option is kept; only the program is asked who it is
+    probe = [found, *(w for w in words[1:] if w in ("-m", "synapolis")), "--version"]
+    try:
+        done = subprocess.run(probe, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S,
+                              stdin=subprocess.DEVNULL, env=dict(env))
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return finding(check, FAIL, f"the hooks' program {found} does not run: {exc}", install)
+    if done.returncode != 0 or "synapolis" not in done.stdout:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or [f"exit {done.returncode}"]
+        return finding(check, FAIL, f"the hooks' program {found} does not run synapolis: {tail[0][:200]}", install)
+    bare = "" if os.sep in program else " (found on this PATH; the harness's PATH may differ)"
+    return finding(check, OK, f"the hooks run {shlex.join(words)}: {done.stdout.strip()}{bare}")
+
+
+def check_git_hook(project: Path, env=None) -> list[dict]:
+    """synapolis's pre-commit guard (`hooks install git`), when it is installed for `project`'s repository:
+    executable, and its program runs synapolis. Nothing when there is none (a project may not want it)."""
+    from .harness import githook
+
+    env = os.environ if env is None else env
+    found = githook.installed(project)
+    if found is None:
+        return []
+    install = f"synapolis hooks install git --project-dir {shlex.quote(str(project))}"
+    if not found["executable"]:
+        return [finding("git", FAIL, f"{found['hook']} is not executable, so git skips the claim guard",
+                        f"chmod +x {shlex.quote(found['hook'])}   (or {install})")]
+    try:
+        words = shlex.split(found["command"] or "")[:-2]
+    except ValueError:
+        words = []
+    if not words:
+        return [finding("git", FAIL, f"cannot tell the program {found['hook']} runs", install)]
+    result = _probe_program(words, "git", install, env)
+    if result["status"] == OK:
+        result["message"] = f"pre-commit guard {found['hook']}: " + result["message"]
+    return [result]
 
 
 # -- what each harness's own settings decide --------------------------------------------------------
@@ -509,6 +535,7 @@ def run_doctor(root: Path | str, project_dir: Path | str | None = None, *, mount
     findings += check_temp_files(root, now)
     findings += check_cron(root, crontab_cmd)
     findings += check_harnesses(project, env)
+    findings += check_git_hook(project, env)
     from .store.checks import check_store  # reachable, schema version, server clock (contract §12)
 
     findings += check_store(root, env)

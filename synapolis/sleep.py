@@ -489,4 +489,8 @@ def tired(ws, who=None, *, memories=None, env=None, piggyback: bool = True, now:
             result["session_status"] = "ended" if ended_before else end_session(ws, session_id, moment)["status"]
         else:
             result["session_status"] = "active"
+        # an agent going to sleep lets go of the files guard.auto_claim claimed for it (contract §14)
+        from .autoclaim import release_all
+
+        result["released"] = release_all(ws, me, now=now)
         return result

@@ -48,7 +48,7 @@ def configure(ws, **values):
 # file itself is marked `sqlite_only`.
 BOTH_STORES = {"test_signals", "test_store_pool", "test_delivery", "test_sleep", "test_sessions", "test_board", "test_signals_processes", "test_store",
                "test_claims", "test_mcp", "test_mcp_identity",
-               "test_people", "test_guard", "test_retries"}
+               "test_people", "test_guard", "test_retries", "test_pretool"}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PG_SCRIPT = os.path.join(ROOT, "scripts", "synapolis-test-postgres")
 
@@ -899,3 +899,133 @@ def dashboard_page(browser, served, token: str):
     page.click("button[type=submit]")
     page.wait_for_selector("#live:text-is('live')", timeout=10_000)
     return page
+
+
+class ScriptedModel:
+    """A local stand-in for a model API that plays a script: the answer to a request that carries N tool
+    results is the (N+1)th tool call of `calls` (each `(tool name, arguments)`), and past the last one a plain
+    final text. Every request body is recorded (`bodies`), so a test reads exactly what the harness sent its
+    model: a hook's refusal, its context. Speaks Anthropic's Messages API (`anthropic`, streamed or not),
+    Gemini's generateContent (`gemini`, streamed as SSE or not) and OpenAI's Responses API (`openai`, SSE).
+
+    `hold` (a threading.Event, optional): the answer to a request with results of all calls waits for it to
+    be set, so a harness session stays alive (between tool calls, as a working agent is) until the test lets
+    it finish."""
+
+    status = 200
+
+    def __init__(self, protocol: str, calls, hold=None):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.protocol, self.calls, self.hold = protocol, list(calls), hold
+        self.bodies: list[str] = []
+        model = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode("utf-8", "replace")
+                model.bodies.append(raw)
+                try:
+                    body = json.loads(raw)
+                except ValueError:
+                    body = {}
+                ctype, out = model.answer(self.path, body, raw)
+                self.send_response(model.status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def do_GET(self):
+                self.send_response(404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+
+    def close(self):
+        if self.hold is not None:
+            self.hold.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+    def results_in(self, raw: str) -> int:
+        marker = {"anthropic": '"type":"tool_result"', "gemini": '"functionResponse"',
+                  "openai": '"type":"function_call_output"'}[self.protocol]
+        count = raw.replace(" ", "").count(marker)
+        if self.protocol == "openai":
+            count += raw.replace(" ", "").count('"type":"custom_tool_call_output"')
+        return count
+
+    def with_result(self, n: int) -> list[str]:
+        """The recorded requests that carry exactly `n` tool results (the requests right after call n)."""
+        return [b for b in self.bodies if self.results_in(b) == n]
+
+    def answer(self, path: str, body: dict, raw: str) -> tuple[str, bytes]:
+        done = self.results_in(raw)
+        wants_tools = bool(body.get("tools")) or self.protocol == "openai"
+        call = self.calls[done] if wants_tools and done < len(self.calls) else None
+        if call is None and self.hold is not None and done >= len(self.calls) and wants_tools:
+            self.hold.wait(timeout=300)
+        return getattr(self, f"_{self.protocol}")(path, body, call, done)
+
+    @staticmethod
+    def _sse(events, named: bool = True) -> bytes:
+        return "".join((f"event: {e['type']}\n" if named else "") + f"data: {json.dumps(e)}\n\n" for e in events).encode()
+
+    def _anthropic(self, path, body, call, done):
+        if call is None:
+            blocks, stop = [{"type": "text", "text": "done"}], "end_turn"
+        else:
+            blocks, stop = [{"type": "tool_use", "id": f"toolu_{done:02d}", "name": call[0], "input": call[1]}], "tool_use"
+        message = {"id": f"msg_{done}", "type": "message", "role": "assistant", "model": body.get("model", "m"),
+                   "stop_sequence": None, "usage": {"input_tokens": 5, "output_tokens": 5}}
+        if not body.get("stream"):
+            return "application/json", json.dumps({**message, "content": blocks, "stop_reason": stop}).encode()
+        events = [{"type": "message_start", "message": {**message, "content": [], "stop_reason": None}}]
+        for i, b in enumerate(blocks):
+            if b["type"] == "text":
+                events += [{"type": "content_block_start", "index": i, "content_block": {"type": "text", "text": ""}},
+                           {"type": "content_block_delta", "index": i, "delta": {"type": "text_delta", "text": b["text"]}}]
+            else:
+                events += [{"type": "content_block_start", "index": i,
+                            "content_block": {"type": "tool_use", "id": b["id"], "name": b["name"], "input": {}}},
+                           {"type": "content_block_delta", "index": i,
+                            "delta": {"type": "input_json_delta", "partial_json": json.dumps(b["input"])}}]
+            events.append({"type": "content_block_stop", "index": i})
+        events += [{"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None},
+                    "usage": {"output_tokens": 5}}, {"type": "message_stop"}]
+        return "text/event-stream", self._sse(events)
+
+    def _gemini(self, path, body, call, done):
+        part = {"text": "done"} if call is None else {"functionCall": {"name": call[0], "args": call[1]}}
+        chunk = {"candidates": [{"content": {"role": "model", "parts": [part]}, "finishReason": "STOP", "index": 0}],
+                 "usageMetadata": {"promptTokenCount": 5, "candidatesTokenCount": 5, "totalTokenCount": 10},
+                 "modelVersion": "gemini-2.5-pro"}
+        if "alt=sse" in path:
+            return "text/event-stream", self._sse([chunk], named=False)
+        return "application/json", json.dumps(chunk).encode()
+
+    def _openai(self, path, body, call, done):
+        rid = f"resp_{len(self.bodies)}"
+        if call is None:
+            item = {"type": "message", "id": f"msg_{done}", "role": "assistant", "status": "completed",
+                    "content": [{"type": "output_text", "text": "done", "annotations": []}]}
+        elif call[0] == "apply_patch" and isinstance(call[1], str):
+            item = {"type": "custom_tool_call", "id": f"ctc_{done}", "call_id": f"call_{done}", "name": call[0],
+                    "input": call[1], "status": "completed"}
+        else:
+            item = {"type": "function_call", "id": f"fc_{done}", "call_id": f"call_{done}", "name": call[0],
+                    "arguments": json.dumps(call[1]), "status": "completed"}
+        usage = {"input_tokens": 5, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 5,
+                 "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 10}
+        events = [{"type": "response.created", "response": {"id": rid}},
+                  {"type": "response.output_item.done", "output_index": 0, "item": item},
+                  {"type": "response.completed", "response": {"id": rid, "usage": usage, "output": [item]}}]
+        return "text/event-stream", self._sse(events)

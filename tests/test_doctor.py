@@ -415,7 +415,7 @@ def test_codex_hooks_untrusted_then_trusted_then_changed_since_trusted(tmp_path,
     assert not (home / ".codex" / "config.toml").read_text().count("trusted_hash")  # never without asking
     assert fails(codex_findings(project), "never trusted")
     trusted = hook_install.install("codex", project, trust=True)
-    assert len(trusted["trusted"]) == 4 and trusted["notes"] == []
+    assert len(trusted["trusted"]) == 5 and trusted["notes"] == []
     assert [f["status"] for f in codex_findings(project)][-1] == "ok" and not fails(codex_findings(project))
     # an edit to one entry (a longer timeout) changes its hash: Codex skips it until trusted again
     hooks_file = project / ".codex" / "hooks.json"

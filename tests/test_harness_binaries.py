@@ -17,11 +17,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from http.server import BaseHTTPRequestHandler
 
 import pytest
 
-from conftest import CodexAppServer, LocalServer, console_script, harness_binary, respond
+from conftest import CodexAppServer, ScriptedModel, console_script, harness_binary
 from synapolis import doctor
 from synapolis.harness import install as hook_install, settings as harness_settings
 
@@ -66,29 +65,23 @@ def test_codex_itself_agrees_on_hashes_and_trust(tmp_path, harness_home, monkeyp
     document["hooks"]["PostToolUse"][-1]["hooks"][0]["timeout"] = 9
     hooks_file.write_text(json.dumps(document))
     seen = codex_hooks_list(project, codex_home)
-    assert sorted(h["trustStatus"] for h in seen.values()) == ["modified", "trusted", "trusted", "trusted"]
+    assert sorted(h["trustStatus"] for h in seen.values()) == ["modified", "trusted", "trusted", "trusted", "trusted"]
     assert any("PostToolUse" in f["message"] and "changed since" in f["message"]
                for f in doctor.check_harness(project, "codex"))
 
 
-class ModelStandIn(LocalServer):
+class ModelStandIn(ScriptedModel):
     """A local stand-in for a model API (Gemini's, Anthropic's): records each request body and refuses it
     (400), so the CLI stops after its first turn; what the model would have been sent is what the test reads."""
 
+    status = 400
+
     def __init__(self):
-        bodies = self.bodies = []
+        super().__init__("anthropic", [])
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                bodies.append(self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode("utf-8", "replace"))
-                out = json.dumps({"type": "error", "error": {"code": 400, "type": "invalid_request_error",
-                                                              "message": "stand-in", "status": "INVALID_ARGUMENT"}}).encode()
-                respond(self, 400, "application/json", out)
-
-            def log_message(self, *args):
-                pass
-
-        super().__init__(Handler)
+    def answer(self, path, body, raw):
+        return "application/json", json.dumps({"type": "error", "error": {
+            "code": 400, "type": "invalid_request_error", "message": "stand-in", "status": "INVALID_ARGUMENT"}}).encode()
 
 
 @pytest.fixture

@@ -101,7 +101,7 @@ def test_install_is_idempotent(tmp_path, harness):
 def test_install_creates_a_missing_file_and_uninstall_leaves_an_empty_object(tmp_path):
     hook_install.install("codex", tmp_path)
     path = settings(tmp_path, "codex")
-    assert set(json.loads(path.read_text())["hooks"]) == {"SessionStart", "UserPromptSubmit", "PostToolUse", "Stop"}
+    assert set(json.loads(path.read_text())["hooks"]) == {"SessionStart", "UserPromptSubmit", "PreToolUse", "PostToolUse", "Stop"}
     hook_install.uninstall("codex", tmp_path)
     assert json.loads(path.read_text()) == {}
     assert hook_install.uninstall("codex", tmp_path / "nowhere")["changed"] is False
@@ -307,7 +307,7 @@ def test_codex_trust_writes_exactly_the_hashes_codex_computes_and_keeps_the_rest
                 '[hooks.state."/elsewhere/.codex/hooks.json:stop:0:0"]\nenabled = false\n')
     codex_config(harness_home).write_text(original)
     result = hook_install.install("codex", tmp_path, trust=True)
-    assert len(result["trusted"]) == 4
+    assert len(result["trusted"]) == 5
     text = codex_config(harness_home).read_text()
     assert text.startswith(original)  # appended, nothing of the user's touched
     import tomllib
@@ -323,7 +323,7 @@ def test_codex_trust_writes_exactly_the_hashes_codex_computes_and_keeps_the_rest
     document["hooks"]["Stop"][-1]["hooks"][0]["timeout"] = 7
     settings(tmp_path, "codex").write_text(json.dumps(document))
     assert [k.rsplit(":", 3)[1] for k in hook_install.install("codex", tmp_path, trust=True)["trusted"]] == ["stop"]
-    assert codex_config(harness_home).read_text().count("[hooks.state.") == 5
+    assert codex_config(harness_home).read_text().count("[hooks.state.") == 6
 
 
 def test_codex_trust_refuses_a_layout_it_cannot_edit_safely(tmp_path, harness_home):

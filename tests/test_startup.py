@@ -266,6 +266,31 @@ def test_a_hook_with_nothing_new_loads_no_store(pair, state_dir):
     assert "threading" not in names  # its lock is a _thread.RLock
 
 
+def test_a_pre_tool_event_with_nothing_held_loads_no_store(pair, state_dir, tmp_path):
+    """The guard's quiet path (harness.pretool.nothing_held): an edit while no path claim is held is let
+    through from the claims index alone: no store, no claims code, no datetime. The control: with a claim
+    held, the same event takes the full path (and is refused)."""
+    from synapolis import claim_index
+    from synapolis.harness import pretool
+
+    assert pretool.INDEX_FILE == claim_index.INDEX_FILE
+    ws, _sid = pair
+    claims.claim(ws, "src/held.py", "alice")
+    claims.release(ws, "src/held.py", "alice")  # the index exists, and is empty again
+    args = ("--state-dir", str(state_dir), "hook", "claude-code")
+    edit = _hook_event("PreToolUse", tool_name="Edit", cwd=str(tmp_path),
+                       tool_input={"file_path": str(tmp_path / "src" / "held.py"), "old_string": "a", "new_string": "b"})
+    names, done = loaded(*args, stdin=edit)
+    assert done.returncode == 0 and json.loads(done.stdout) == {} and _stderr(done) == ""
+    assert not names & (QUIET_NEVER | WEIGHTY), sorted(names & (QUIET_NEVER | WEIGHTY))
+    assert not {m for m in _modules(done) if m.startswith(("synapolis.store", "synapolis.claim", "synapolis.guard",
+                                                           "synapolis.pathpatterns", "synapolis.status"))}
+    claims.claim(ws, "src/held.py", "alice")
+    names, done = loaded(*args, stdin=edit)
+    assert done.returncode == 0, _stderr(done)
+    assert json.loads(done.stdout)["hookSpecificOutput"]["permissionDecision"] == "deny"
+
+
 def test_hook_without_click_keeps_the_contract(state_dir):
     """The click-free path: garbage in is exit 0 with `{}` and a line on stderr; `--state-dir=DIR` and
     $SYNAPOLIS_STATE_DIR both name the state directory."""

@@ -60,14 +60,15 @@ def _scope_option(func):
 
 
 @hooks_group.command("install")
-@click.argument("harness", type=click.Choice(HARNESS_NAMES))
+@click.argument("harness", type=click.Choice((*HARNESS_NAMES, "git")))
 @_project_option
 @_scope_option
 @click.option("--trust", is_flag=True,
               help="Codex only: also record these hooks as trusted in Codex's user config ($CODEX_HOME/config.toml), "
                    "as its own review would. Only when you have read them.")
 @json_option
-def hooks_install_cmd(harness, project_dir, scope, trust, as_json):
+@click.pass_context
+def hooks_install_cmd(ctx, harness, project_dir, scope, trust, as_json):
     """Merge synapolis's hooks into HARNESS's settings file, keeping everything else (idempotent).
 
     --scope project (the default) writes the committed project file with the portable command `synapolis hook
@@ -75,8 +76,29 @@ def hooks_install_cmd(harness, project_dir, scope, trust, as_json):
     what is left before the harness runs them (Codex: trust the project and the hooks; Gemini CLI: a trusted
     folder, hooks switched on).
 
+    `git` installs a pre-commit hook instead (where git runs hooks: core.hooksPath, else the repository's
+    common git dir, serving every worktree) that refuses a commit touching a file another live agent has
+    claimed; a pre-commit hook already there is kept and runs first (--scope does not apply).
+
     Example: synapolis hooks install claude-code --scope local --project-dir ~/src/app
     """
+    if harness == "git":
+        from ..errors import UsageError
+        from ..harness import githook
+        from ..paths import find_state_dir
+
+        if trust:
+            raise UsageError("--trust is for codex: git hooks need no trust step")
+
+        def git_text(d):
+            what = "installed" if d["changed"] else "already installed, nothing changed"
+            lines = [f"git: pre-commit guard {what} in {d['hook']}", f"state directory: {d['state_dir']}"]
+            if d["chained"]:
+                lines.append(f"the pre-commit hook that was there runs first: {d['chained']}")
+            return lines
+
+        emit(as_json, githook.install(project_dir, find_state_dir(_state_dir(ctx))), git_text)
+        return
     from ..harness.install import install
 
     def text(d):
@@ -92,15 +114,28 @@ def hooks_install_cmd(harness, project_dir, scope, trust, as_json):
 
 
 @hooks_group.command("uninstall")
-@click.argument("harness", type=click.Choice(HARNESS_NAMES))
+@click.argument("harness", type=click.Choice((*HARNESS_NAMES, "git")))
 @_project_option
 @_scope_option
 @json_option
 def hooks_uninstall_cmd(harness, project_dir, scope, as_json):
     """Take synapolis's own hook entries out of HARNESS's settings file of --scope; nothing else changes.
 
+    `git`: removes synapolis's pre-commit hook and puts back the one it had chained.
+
     Example: synapolis hooks uninstall codex --project-dir . --scope user
     """
+    if harness == "git":
+        from ..harness import githook
+
+        def git_text(d):
+            if not d["changed"]:
+                return f"git: no synapolis pre-commit hook in {d['hook'] or project_dir + ' (not a git work tree)'}"
+            return f"git: removed the pre-commit guard from {d['hook']}" + (
+                "; the hook it chained is back in place" if d["restored"] else "")
+
+        emit(as_json, githook.uninstall(project_dir), git_text)
+        return
     from ..harness.install import uninstall
 
     def text(d):

@@ -22,6 +22,8 @@ EVENT_KINDS: dict[str, dict[str, str]] = {
     "codex": {"SessionStart": "start", "UserPromptSubmit": "deliver", "PostToolUse": "deliver",
               "Stop": "idle", "SessionEnd": "end"},
 }
+# the pre-tool event of each harness: the guard's (harness.pretool), never a beat
+PRETOOL_EVENTS = {"claude-code": "PreToolUse", "gemini-cli": "BeforeTool", "codex": "PreToolUse"}
 # Only these events accept hookSpecificOutput.additionalContext (Codex's output schemas reject it
 # elsewhere: additionalProperties false).
 CONTEXT_KINDS = ("start", "deliver")
@@ -387,6 +389,8 @@ def handle(harness: str, raw: bytes | str, *, state_dir=None, env=None, now=None
         return result
     name = event_name(event)
     result["event"] = name
+    if name == PRETOOL_EVENTS[harness]:
+        return _pretool(harness, event, state_dir, env, result, now)
     kind = EVENT_KINDS[harness].get(name, "beat")
     if kind != "start" and isinstance(event.get("agent_id"), str) and event["agent_id"]:
         # Fired inside a subagent (Claude Code and Codex add agent_id/agent_type then): it keeps the
@@ -403,6 +407,26 @@ def handle(harness: str, raw: bytes | str, *, state_dir=None, env=None, now=None
 
             problems.append(traceback.format_exc())
     return result
+
+
+def _pretool(harness, event, state_dir, env, result, now=None) -> dict:
+    """The pre-tool event (harness.pretool): the guard's answer, or {} (the tool runs) on any failure."""
+    try:
+        from . import pretool
+
+        pretool.handle(harness, event, state_dir, env, result, now)
+    except Exception as exc:  # noqa: BLE001 - the guard never blocks work because of its own failure
+        result["output"] = {}
+        result["problems"].append("guard: " + (getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"))
+    return result
+
+
+def _pending_warning(ws, harness, conversation, env) -> str | None:
+    if harness != "gemini-cli":
+        return None
+    from .pretool import take_warning
+
+    return take_warning(ws, harness, conversation, env)
 
 
 def _act(harness, event, name, kind, state_dir, env, result, now=None) -> None:
@@ -426,7 +450,9 @@ def _act(harness, event, name, kind, state_dir, env, result, now=None) -> None:
             indexed = True
 
     seconds, stamp = quiet.clock(now)  # the quiet path is SQLite's only: the local clock
-    if kind == "deliver" and quiet.still_quiet(ws, state, env, seconds):
+    # a guard warning (guard.mode warn) that Gemini CLI's BeforeTool could not give the model: given now
+    warning = _pending_warning(ws, harness, conversation, env) if kind == "deliver" else None
+    if kind == "deliver" and not warning and quiet.still_quiet(ws, state, env, seconds):
         result["agent_id"] = state["agent_id"]
         quiet.refresh(ws, state, stamp)  # nothing new since the last drain: no store opened
         return
@@ -434,7 +460,7 @@ def _act(harness, event, name, kind, state_dir, env, result, now=None) -> None:
     if kind == "end" and not (state.get("run_token") and _session_active(ws, state.get("session_id"))):
         result["agent_id"] = state.get("agent_id") or key
         return  # not registered by this conversation, or its session is over: nobody of ours to stop
-    preamble = []
+    preamble = [warning] if warning else []
     # Register on SessionStart, and whenever this conversation is in no live session (hooks installed
     # mid-conversation, its hooks/ file lost, or the session ended by consensus sleep and work resumed).
     if kind == "start" or not (state.get("run_token") and _session_active(ws, state.get("session_id"))):
@@ -470,6 +496,10 @@ def _work(ws, harness, name, kind, state, preamble, env, result, now=None) -> No
     if kind in ("idle", "end", "beat"):
         status = {"idle": "idle", "end": "stopped", "beat": None}[kind]
         actions.beat(ws, _who(state), status=status, env=env, piggyback=False, now=now)
+        if kind == "end":  # the files guard.auto_claim claimed for this agent are free again
+            from ..autoclaim import release_all
+
+            release_all(ws, state["agent_id"], now=now)
         return
     shown, waiting, text, result["quiet"] = _deliver(ws, harness, name, state, preamble, env, now)
     result["delivered"] = [s["id"] for s in shown]

@@ -30,11 +30,13 @@ class HarnessSpec:
 # limit is the backstop. Claude Code and Codex count seconds, Gemini CLI milliseconds.
 HARNESSES: dict[str, HarnessSpec] = {
     "claude-code": HarnessSpec("claude-code", ".claude/settings.json",
-                               ("SessionStart", "UserPromptSubmit", "PostToolUse", "Stop", "SessionEnd"), 10, "s"),
+                               ("SessionStart", "UserPromptSubmit", "PreToolUse", "PostToolUse", "Stop",
+                                "SessionEnd"), 10, "s"),
     "gemini-cli": HarnessSpec("gemini-cli", ".gemini/settings.json",
-                              ("SessionStart", "BeforeAgent", "AfterTool", "AfterAgent", "SessionEnd"), 10000, "ms"),
+                              ("SessionStart", "BeforeAgent", "BeforeTool", "AfterTool", "AfterAgent",
+                               "SessionEnd"), 10000, "ms"),
     "codex": HarnessSpec("codex", ".codex/hooks.json",
-                         ("SessionStart", "UserPromptSubmit", "PostToolUse", "Stop"), 10, "s"),
+                         ("SessionStart", "UserPromptSubmit", "PreToolUse", "PostToolUse", "Stop"), 10, "s"),
 }
 
 HOOK_NAME = "synapolis"
@@ -166,6 +168,18 @@ def _entry(spec: HarnessSpec, command: str) -> dict:
     return entry
 
 
+def _pretool_event(harness: str) -> str:
+    from .hooks import PRETOOL_EVENTS
+
+    return PRETOOL_EVENTS[harness]
+
+
+def _pretool_matcher(harness: str) -> str:
+    from .pretool import MATCHERS
+
+    return MATCHERS[harness]
+
+
 def settings_file(project_dir: Path | str, harness: str) -> Path:
     return Path(project_dir) / harness_spec(harness).settings_path
 
@@ -256,8 +270,12 @@ def merge_install(document: dict, harness: str, path: Path = Path("settings.json
             groups = []
         elif not isinstance(groups, list):
             raise UsageError(f"{path}: hooks.{event} is not a list; fix it by hand, the file was left untouched")
-        # No matcher: every tool, every start source.
-        groups.append({"hooks": [_entry(spec, command)]})
+        # No matcher: every tool, every start source; but the pre-tool guard only for the tools that
+        # write files (harness.pretool), so no other tool call starts a process for it.
+        group = {"hooks": [_entry(spec, command)]}
+        if event == _pretool_event(harness):
+            group = {"matcher": _pretool_matcher(harness), **group}
+        groups.append(group)
         hooks[event] = groups
         added.append(event)
     if added:
