@@ -61,8 +61,11 @@ def identity_options(func):
 
 
 def workspace(ctx: click.Context, create: bool = False) -> Workspace:
+    from ..remote import activate
+
     root = ctx.find_root().obj or {}
-    ws = Workspace.open(root.get("state_dir"))
+    # through the team server when one is configured (§16): the verbs become its, and no store is made here
+    ws = activate(Workspace.open(root.get("state_dir")), " ".join(ctx.command_path.split()[1:]) or ctx.info_name)
     return ws.ensure() if create else ws
 
 

@@ -40,6 +40,7 @@ OUTPUT_BUDGETS = {
     # Counted in UTF-16 code units after Gemini escapes each < and > as &lt; and &gt;.
     "gemini-cli": 30_000,
 }
+PINNED_ENV = "SYNAPOLIS_HOOK_PINNED_AGENT"  # set by the team server (web.api_call) only, never by a harness
 MAX_INPUT_BYTES = 32 * 1024 * 1024
 HOOK_DEADLINE_S = 4.0          # SYNAPOLIS_HOOK_TIMEOUT_S overrides; harnesses allow 10 s (installed)
 HOOK_BUSY_TIMEOUT_MS = 1500    # a locked store gives up this fast inside a hook, well before the deadline
@@ -96,6 +97,8 @@ def agent_id_for(harness: str, conversation: str, env=None) -> str:
     from ..names import generate_agent_id
 
     env = os.environ if env is None else env
+    if env.get(PINNED_ENV):  # through the team server with a token pinned to an agent: that agent (§16)
+        return env[PINNED_ENV]
     return generate_agent_id(env.get("SYNAPOLIS_SUBSTRATE") or None, harness, conversation_id=conversation,
                              deterministic=True)
 
@@ -294,6 +297,8 @@ def _register(ws, harness, key, conversation, event, env, problems, *, refresh: 
             attempts.append((state["agent_id"], state["run_token"]))  # a resumed conversation: its own slot
         attempts.append((key, None))
         for agent_id, token in attempts + [(None, None)]:
+            if agent_id is None and env.get(PINNED_ENV):
+                raise ForbiddenError(f"agent {key} is registered by someone else, and this token acts only as it")
             if agent_id is None:
                 # the derived id is someone else's: this conversation's hash with 4 random hex instead
                 agent_id = generate_agent_id(env.get("SYNAPOLIS_SUBSTRATE") or None, harness, conversation)
@@ -393,7 +398,12 @@ def _act(harness, event, name, kind, state_dir, env, result, now=None) -> None:
 
     problems = result["problems"]
     conversation = conversation_id(event)
-    ws = _workspace(state_dir, env, event).ensure()
+    ws = _workspace(state_dir, env, event)
+    if env.get("SYNAPOLIS_SERVER") or ws.config.values.get("server"):  # through the team server (§16)
+        from .remote_hook import act
+
+        return act(harness, event, kind, ws, env, result)
+    ws = ws.ensure()
     key = quiet.known_key(ws, harness, conversation, env)  # no SHA-256 on the usual call (harness.quiet)
     try:
         state = load_state(ws, key) if key else {}
