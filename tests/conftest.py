@@ -45,7 +45,7 @@ def configure(ws, **values):
 
 # Modules whose tests (those using `ws`) run against SQLite and PostgreSQL; a test that reads the SQLite
 # file itself is marked `sqlite_only`.
-BOTH_STORES = {"test_signals", "test_store_pool", "test_delivery", "test_sleep", "test_sessions", "test_board", "test_signals_processes", "test_store",
+BOTH_STORES = {"test_remote", "test_signals", "test_store_pool", "test_delivery", "test_sleep", "test_sessions", "test_board", "test_signals_processes", "test_store",
                "test_claims", "test_mcp"}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PG_SCRIPT = os.path.join(ROOT, "scripts", "synapolis-test-postgres")
