@@ -498,11 +498,18 @@ def run_doctor(root: Path | str, project_dir: Path | str | None = None, *, mount
     findings += check_local_fs(root, mounts_file)
     findings += check_config_and_schemas(root)
     findings += check_temp_files(root, now)
-    findings += check_cron(root, crontab_cmd)
-    findings += check_harnesses(project, env)
-    from .store.checks import check_store  # reachable, schema version, server clock (contract §12)
+    from .doctor_remote import check_server, configured
 
-    findings += check_store(root, env)
+    remote = configured(root, env)  # through the team server (§16): its store and watchdog are the server's
+    if not remote:
+        findings += check_cron(root, crontab_cmd)
+    findings += check_harnesses(project, env)
+    if remote:
+        findings += check_server(root, env)
+    else:
+        from .store.checks import check_store  # reachable, schema version, server clock (contract §12)
+
+        findings += check_store(root, env)
     counts = {s: sum(1 for f in findings if f["status"] == s) for s in (OK, WARN, FAIL)}
     return {"ok": counts[FAIL] == 0, "state_dir": str(root), "project_dir": str(project),
             "counts": counts, "findings": findings}

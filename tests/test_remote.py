@@ -229,3 +229,26 @@ def test_server_wins_over_a_store_in_the_config(team, tmp_path):
     (team.sandbox_dir / "synapolis.json").write_text(json.dumps({"store": "postgresql://nowhere.invalid/db"}))
     assert ok(team.there(token, "start", "--agent-id", "winner", "--json"))["agent_id"] == "winner"
     assert Workspace.open(team.sandbox_dir).config.store.startswith("postgresql://")  # untouched
+
+
+def test_doctor_checks_the_server_and_the_token_never_printing_it(team, tmp_path):
+    token = team.token("sandbox-doctor")
+    project = tmp_path / "project"
+    project.mkdir()
+    good = team.there(token, "doctor", "--project-dir", project, "--json")
+    report = json.loads(good.stdout)
+    by_check = {f["check"]: f for f in report["findings"]}
+    assert by_check["server"]["status"] == "ok" and by_check["server token"]["status"] == "ok"
+    assert by_check["server token"]["token"] == "sandbox-doctor" and "store" not in by_check
+    assert token not in good.stdout + good.stderr
+    bad = team.there(token + "x", "doctor", "--project-dir", project, "--json")
+    assert bad.returncode == 1
+    failed = {f["check"]: f for f in json.loads(bad.stdout)["findings"]}["server token"]
+    assert failed["status"] == "fail" and "SYNAPOLIS_TOKEN" in failed["message"]
+    assert token not in bad.stdout + bad.stderr
+    away = team.there(token, "doctor", "--project-dir", project, "--json", server=f"http://127.0.0.1:{_closed_port()}")
+    assert away.returncode == 1
+    assert {f["check"]: f for f in json.loads(away.stdout)["findings"]}["server"]["status"] == "fail"
+    reader = team.there(team.token("doctor-reader", "--read-only"), "doctor", "--project-dir", project, "--json")
+    assert {f["check"]: f for f in json.loads(reader.stdout)["findings"]}["server token"]["read_only"] is True
+    assert team.sandbox_holds() <= SANDBOX_OWN, team.sandbox_holds()
