@@ -78,7 +78,6 @@ def request(t: Target, method: str, path: str, body: bytes | None = None, *, tim
             auth: bool = True, extra_headers: dict | None = None) -> tuple[int, bytes]:
     """(status, body) of one request to the server; BusyError naming the host when it cannot be reached in
     time: a connect timeout of at most CONNECT_TIMEOUT_S, the whole call within `timeout_s`."""
-    import http.client
     import time
 
     total = t.busy_s + CONNECT_TIMEOUT_S if timeout_s is None else timeout_s
@@ -89,31 +88,108 @@ def request(t: Target, method: str, path: str, body: bytes | None = None, *, tim
     headers.update(extra_headers or {})
     if auth:
         headers["authorization"] = f"Bearer {t.token}"
-    started = time.monotonic()
+    deadline = time.monotonic() + total
+    try:
+        if t.tls:
+            return _over_http_client(t, method, path, body, headers, deadline)
+        return _over_socket(t, method, path, body, headers, deadline)
+    except (OSError, ValueError) as exc:
+        reason = "timed out" if isinstance(exc, TimeoutError) else (
+            getattr(exc, "strerror", None) or str(exc) or type(exc).__name__)
+        raise BusyError(f"the server {t.where} cannot be reached ({reason}); is `synapolis serve` running "
+                        f"at {t.url}?") from None
+
+
+def _connect_timeout(deadline: float) -> float:
+    import time
+
+    return max(min(CONNECT_TIMEOUT_S, deadline - time.monotonic()), 0.05)
+
+
+def _over_http_client(t, method, path, body, headers, deadline):
+    """HTTPS: the standard library's client (TLS needs `ssl` anyway), one keep-alive connection per server."""
+    import http.client
+    import time
+
     for attempt in (1, 2):
         conn = _CONNECTIONS.get(t.url)
         reused = conn is not None
         if conn is None:
-            kind = http.client.HTTPSConnection if t.tls else http.client.HTTPConnection
-            conn = _CONNECTIONS[t.url] = kind(t.host, t.port, timeout=min(CONNECT_TIMEOUT_S, total))
+            conn = _CONNECTIONS[t.url] = http.client.HTTPSConnection(t.host, t.port,
+                                                                     timeout=_connect_timeout(deadline))
         try:
             if conn.sock is None:
                 conn.connect()
-            conn.sock.settimeout(max(total - (time.monotonic() - started), 0.05))
+            conn.sock.settimeout(max(deadline - time.monotonic(), 0.05))
             conn.request(method, t.prefix + path, body=body, headers=headers)
             response = conn.getresponse()
-            data = response.read()
-            return response.status, data
+            return response.status, response.read()
         except (OSError, http.client.HTTPException) as exc:
             conn.close()
             _CONNECTIONS.pop(t.url, None)
             if reused and attempt == 1 and not isinstance(exc, TimeoutError):
                 continue  # the server closed an idle keep-alive connection: once more on a new one
-            reason = "timed out" if isinstance(exc, TimeoutError) else (
-                getattr(exc, "strerror", None) or type(exc).__name__)
-            raise BusyError(f"the server {t.where} cannot be reached ({reason}); "
-                            f"is `synapolis serve` running there? ({ENV_SERVER}={t.url})") from None
+            if isinstance(exc, http.client.HTTPException):
+                raise ValueError(f"not an HTTP answer: {type(exc).__name__}") from None
+            raise
     raise AssertionError("unreachable")
+
+
+def _over_socket(t, method, path, body, headers, deadline):
+    """Plain HTTP/1.1, one request on its own connection. Not http.client: importing it (with email.parser
+    and ssl) was most of a quiet hook's cost through the server (benchmarks/RESULTS.md, bench_remote); a
+    request to `synapolis serve` and its answer (always with Content-Length) need only this."""
+    import socket
+    import time
+
+    host = t.host.encode("idna") if not t.host.isascii() else t.host.encode("ascii")  # bytes: no idna import
+    sock = socket.create_connection((host, t.port), timeout=_connect_timeout(deadline))
+    try:
+        sock.settimeout(max(deadline - time.monotonic(), 0.05))
+        body = body or b""
+        lines = [f"{method} {t.prefix + path} HTTP/1.1", f"host: {t.where}", "connection: close",
+                 f"content-length: {len(body)}"] + [f"{k}: {v}" for k, v in headers.items()]
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+        data = bytearray()
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ValueError("the connection closed before an answer")
+            data += chunk
+            sock.settimeout(max(deadline - time.monotonic(), 0.05))
+        head, _, rest = bytes(data).partition(b"\r\n\r\n")
+        status_line, *header_lines = head.decode("latin-1").split("\r\n")
+        parts = status_line.split(" ", 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+            raise ValueError(f"not an HTTP answer: {status_line[:60]!r}")
+        fields = {}
+        for line in header_lines:
+            name, _, value = line.partition(":")
+            fields[name.strip().lower()] = value.strip()
+        rest = bytearray(rest)
+        length = fields.get("content-length")
+        while length is None or len(rest) < int(length):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            rest += chunk
+            sock.settimeout(max(deadline - time.monotonic(), 0.05))
+        if fields.get("transfer-encoding", "").lower() == "chunked":
+            rest = _unchunk(bytes(rest))
+        return int(parts[1]), bytes(rest if length is None else rest[:int(length)])
+    finally:
+        sock.close()
+
+
+def _unchunk(data: bytes) -> bytes:
+    out, i = bytearray(), 0
+    while True:
+        end = data.index(b"\r\n", i)
+        size = int(data[i:end].split(b";")[0], 16)
+        if size == 0:
+            return bytes(out)
+        out += data[end + 2:end + 2 + size]
+        i = end + 4 + size
 
 
 def _error_from(t: Target, status: int, data: bytes) -> SynapolisError:

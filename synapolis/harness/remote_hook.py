@@ -21,15 +21,21 @@ def act(harness: str, event: dict, kind: str, ws, env, result: dict) -> None:
     from ..heartbeat import write_heartbeat
     from . import hooks
 
+    from . import quiet
+
     t = remote.target(ws.config, env)
     conversation = hooks.conversation_id(event)
-    key = hooks.agent_id_for(harness, conversation, env)
     rws = remote.RemoteWorkspace(ws, t).ensure()
+    # the index spares the SHA-256 of the derived id on every call, as on the local quiet path
+    key = quiet.known_key(rws, harness, conversation, env)
+    if key is None:
+        key = hooks.agent_id_for(harness, conversation, env)
+        quiet.remember_key(rws, harness, conversation, env, key)
     known = hooks.load_state(rws, key)  # what the server said this conversation is, the last time
     agent_id = known.get("agent_id") or key
     result["agent_id"] = agent_id
     write_heartbeat(rws.paths, agent_id, harness=harness, status=_STATUS.get(kind), durable=False,
-                    session_id=known.get("session_id"))
+                    session_id=known.get("session_id"), now=quiet.clock()[1])
     budget = hooks.deadline_s(env) - 0.25  # answer before run_bounded's timer gives up for us
     headers_env = json.dumps({k: env[k] for k in _FORWARDED_ENV if env.get(k)})
     status, data = remote.request(t, "POST", f"/api/hook/{harness}",
@@ -50,5 +56,6 @@ def act(harness: str, event: dict, kind: str, ws, env, result: dict) -> None:
         hooks.save_state(rws, key, {"agent_id": served, "session_id": None, "harness": harness,
                                     "conversation_id": conversation, "remote": t.url})
         if served != agent_id:
-            write_heartbeat(rws.paths, served, harness=harness, status=_STATUS.get(kind), durable=False)
+            write_heartbeat(rws.paths, served, harness=harness, status=_STATUS.get(kind), durable=False,
+                            now=quiet.clock()[1])
 
