@@ -41,7 +41,9 @@ class Target:
         netloc = netloc.rpartition("@")[2]
         host, port = netloc, None
         if netloc.startswith("["):  # [::1]:8765
-            host, _, tail = netloc[1:].partition("]")
+            host, closed, tail = netloc[1:].partition("]")
+            if not closed or (tail and not tail.startswith(":")):
+                raise UsageError(f"{ENV_SERVER} {url!r} is not a URL (an IPv6 address goes in [brackets])")
             port = tail[1:] or None
         elif netloc.count(":") == 1:
             host, _, port = netloc.partition(":")
@@ -200,8 +202,11 @@ def _error_from(t: Target, status: int, data: bytes) -> SynapolisError:
         err = json.loads(data)["error"]
         type_name, message = str(err["type"]), str(err["message"])
     except (ValueError, KeyError, TypeError):
-        return BusyError(f"the server {t.where} answered HTTP {status} without a synapolis answer "
-                         f"(is {t.url} a `synapolis serve`?)")
+        # a proxy in front of a server that is down answers 502-504: the server is away; anything else
+        # (a 404 at a wrong path, a web page) means the URL names something else
+        kind = BusyError if status >= 500 else UsageError
+        return kind(f"the server {t.where} answered HTTP {status} without a synapolis answer "
+                    f"(is {t.url} the URL `synapolis serve` prints?)")
     from . import errors
 
     classes = [c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, SynapolisError)]
@@ -280,7 +285,8 @@ def make_verbs(t: Target, env=None) -> dict:
 
     def acting(name):
         def verb(ws, who=None, *args, **kwargs):
-            me = _identity(ws, who, env)
+            # claim_check acts as nobody (who None); every other verb resolves its caller here (§3)
+            me = None if name == "claim_check" else _identity(ws, who, env)
             if name == "beat":
                 _local_beat(ws, me["agent_id"], status=kwargs.get("status"), session_id=me["session_id"],
                             **{k: kwargs[k] for k in ("task", "ttl_s", "note") if kwargs.get(k) is not None})

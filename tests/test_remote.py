@@ -252,3 +252,26 @@ def test_doctor_checks_the_server_and_the_token_never_printing_it(team, tmp_path
     reader = team.there(team.token("doctor-reader", "--read-only"), "doctor", "--project-dir", project, "--json")
     assert {f["check"]: f for f in json.loads(reader.stdout)["findings"]}["server token"]["read_only"] is True
     assert team.sandbox_holds() <= SANDBOX_OWN, team.sandbox_holds()
+
+
+def test_claims_notes_whiteboard_and_tired_through_the_server(team):
+    token = team.token("sandbox")
+    me = ok(team.there(token, "start", "--json"))["agent_id"]
+    held = ok(team.there(token, "claim", "src/parser.py", "--json"))["claim"]
+    assert held["claimed_by"] == me
+    # the team's side sees the claim and its fencing token
+    check = team.here("claim-check", "src/parser.py", "--token", str(held["token"]))
+    assert check.returncode == 0, check.stderr
+    stale = team.there(token, "claim-check", "src/parser.py", "--token", str(held["token"] + 1))
+    assert stale.returncode != 0 and "Traceback" not in stale.stderr
+    assert ok(team.there(token, "release", "src/parser.py", "--json"))["event"] == "released"
+    ok(team.there(token, "note", "parser ported"))
+    notes = ok(team.here("read-notes", "--json"))["notes"]
+    assert notes[-1]["text"] == "parser ported"
+    ok(team.there(token, "whiteboard-write", "plan", "ship friday"))
+    assert ok(team.here("whiteboard-read", "plan", "--json"))["entry"]["value"] == "ship friday"
+    tired = ok(team.there(token, "tired", "--json"))
+    assert tired["agent_id"] == me and tired["outcome"] in ("standby", "consolidated")
+    # a URL that names something else than a synapolis serve: a usage error, not "busy"
+    refused(team.there(token, "beat", server=team.url + "/mcp"), 2, "UsageError")
+    assert team.sandbox_holds() <= SANDBOX_OWN, team.sandbox_holds()

@@ -74,7 +74,10 @@ def run_call(state, principal, verb: str, payload) -> dict:
             kwargs["agent_id"] = principal.acting_as(kwargs.get("agent_id"))
             result = fn(ws, *args, env={}, write_identity=False, **kwargs)
         else:
-            who = _who(principal, payload.get("who"), writes=verb not in READS)
+            named = payload.get("who")
+            # claim_check acts as nobody (§9); every other verb as the caller the token allows
+            who = None if verb == "claim_check" and named is None else _who(principal, named,
+                                                                             writes=verb not in READS)
             if verb == "signals_pending":
                 kwargs["method"] = "poll"
             try:
