@@ -54,6 +54,9 @@ def main() -> int:
     serve = None
     try:
         for state in (team, local):
+            state.mkdir(parents=True)
+            # the benchmark sends more than an agent may a minute: the rate limit is not what is measured
+            (state / "synapolis.json").write_text(json.dumps({"rate_limit_per_min": 1_000_000}))
             run(syn + ["--state-dir", str(state), "start", "--agent-id", "sink", "--json"], env)
         token = json.loads(subprocess.run(syn + ["--state-dir", str(team), "tokens", "create", "bench", "--json"],
                                           capture_output=True, text=True, env=env, check=True).stdout)["token"]
@@ -121,10 +124,20 @@ def main() -> int:
         lines.append(f"| {name} | {median[name] * 1000:.1f} ms | {median[name] / base:.2f}x | "
                      f"{cpu[name] * 1000:.1f} ms | {cpu[name] / base_cpu:.2f}x |")
     hook = median[sides[2][0]] / base
+    hook_cpu = cpu[sides[2][0]] / base_cpu
+    over_local = median[sides[2][0]] / median[sides[1][0]]
     signal = median[sides[4][0]] / median[sides[3][0]]
     lines += ["", f"Targets (wall): a quiet hook through the server at most 3x `python -c pass` — {hook:.2f}x, "
-                  f"{'met' if hook <= 3 else 'NOT met'}; a signal through the server at most 2x the local one — "
-                  f"{signal:.2f}x, {'met' if signal <= 2 else 'NOT met'}."]
+                  f"{'met' if hook <= 3 else 'NOT met'} (client CPU {hook_cpu:.2f}x; {over_local:.2f}x the local "
+                  f"quiet hook of the same run); a signal through the server at most 2x the local one — "
+                  f"{signal:.2f}x, {'met' if signal <= 2 else 'NOT met'}.",
+              "",
+              "What a hook through the server adds to the local quiet path: `socket` (and the `selectors` it "
+              "imports), one loopback round trip, and the server's share (token check, the same quiet path, the "
+              "answer); `http.client`, which imports `email.parser` and `ssl`, was about half the client's cost "
+              "before the plain-HTTP request replaced it (an `https://` server still goes through it). A signal "
+              "through the server costs less than the local one: the client opens no store (no sqlite3), the "
+              "server holds the session's store open."]
     publish(SECTION, "\n".join(lines), write=not args.no_write)
     return 0
 

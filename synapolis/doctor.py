@@ -264,6 +264,12 @@ def _load_toml(path: Path):
 
 def check_harness(project: Path, harness: str, env=None) -> list[dict]:
     env = os.environ if env is None else env
+    if harness == "copilot":  # its own file format (harness.copilot); the commands checked as the others'
+        from .harness import copilot
+
+        found, groups = copilot.check(project, lambda c: hook_install.is_our_command(c, "copilot"))
+        install = f"synapolis hooks install copilot --project-dir {shlex.quote(str(project))}"
+        return found + check_hook_commands(groups, "copilot", "harness:copilot", install, env)
     spec = hook_install.harness_spec(harness)
     check = f"harness:{harness}"
     settings = hook_install.settings_file(project, harness)
@@ -472,6 +478,10 @@ def _check_mcp(project: Path, harness: str, check: str, env=None) -> list[dict]:
 def check_harnesses(project: Path, env=None) -> list[dict]:
     wired = [h for h, spec in hook_install.HARNESSES.items()
              if (project / spec.settings_path).parent.is_dir()]
+    from .harness import copilot
+
+    if os.path.exists(copilot.hook_file(project)):
+        wired.append("copilot")
     if not wired:
         return [finding("harness", WARN, f"no harness is wired up in {project}",
                         "synapolis hooks install claude-code   (or gemini-cli, codex)")]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 
-HARNESS_NAMES = ("claude-code", "gemini-cli", "codex")
+HARNESS_NAMES = ("claude-code", "gemini-cli", "codex", "copilot")
 
 # event -> what synapolis does: register (start), beat and deliver (deliver), beat idle, beat stopped
 EVENT_KINDS: dict[str, dict[str, str]] = {
@@ -21,6 +21,10 @@ EVENT_KINDS: dict[str, dict[str, str]] = {
     # Codex documents no SessionEnd today; should it send one, it means the same as Claude Code's.
     "codex": {"SessionStart": "start", "UserPromptSubmit": "deliver", "PostToolUse": "deliver",
               "Stop": "idle", "SessionEnd": "end"},
+    # GitHub Copilot CLI (harness.copilot, its events by their PascalCase names): it reads an answer only at
+    # agentStop (Stop), so that is where signals are delivered; idle when there were none
+    "copilot": {"SessionStart": "start", "UserPromptSubmit": "beat", "PreToolUse": "beat", "PostToolUse": "beat",
+                "Stop": "deliver", "SessionEnd": "end"},
 }
 # Only these events accept hookSpecificOutput.additionalContext (Codex's output schemas reject it
 # elsewhere: additionalProperties false).
@@ -39,6 +43,9 @@ OUTPUT_BUDGETS = {
     # cuts to 40,000 characters keeping the last 80% (32,000): the context stays well inside that tail.
     # Counted in UTF-16 code units after Gemini escapes each < and > as &lt; and &gt;.
     "gemini-cli": 30_000,
+    # Copilot CLI documents no limit on agentStop's `reason` (the next turn's prompt): Claude Code's 10,000
+    # UTF-16 units, the smallest budget of the others, so a delivery never floods the turn
+    "copilot": 10_000,
 }
 PINNED_ENV = "SYNAPOLIS_HOOK_PINNED_AGENT"  # set by the team server (web.api_call) only, never by a harness
 MAX_INPUT_BYTES = 32 * 1024 * 1024
@@ -106,6 +113,10 @@ def agent_id_for(harness: str, conversation: str, env=None) -> str:
 def answer(harness: str, event: str, context: str | None) -> dict:
     """The harness's own answer shape; {} when there is nothing to add."""
     kind = EVENT_KINDS.get(harness, {}).get(event)
+    if harness == "copilot":
+        from .copilot import answer as copilot_answer
+
+        return copilot_answer(event, context)
     if not context or kind not in CONTEXT_KINDS:
         return {}
     return {"hookSpecificOutput": {"hookEventName": event, "additionalContext": context}}
@@ -367,6 +378,10 @@ def handle(harness: str, raw: bytes | str, *, state_dir=None, env=None, now=None
     if harness not in EVENT_KINDS:
         problems.append(f"unknown harness {harness!r}: use one of {', '.join(HARNESS_NAMES)}")
         return result
+    if harness == "copilot":  # its camelCase payload form as the VS Code one (harness.copilot)
+        from .copilot import normalize
+
+        raw = normalize(raw, env)
     try:
         event = parse_event(raw)
     except HookInputError as exc:
@@ -418,7 +433,8 @@ def _act(harness, event, name, kind, state_dir, env, result, now=None) -> None:
             indexed = True
 
     seconds, stamp = quiet.clock(now)  # the quiet path is SQLite's only: the local clock
-    if kind == "deliver" and quiet.still_quiet(ws, state, env, seconds):
+    # Copilot's agentStop is also its idle: the quiet path's refresh would keep the agent active
+    if kind == "deliver" and not (harness == "copilot" and name == "Stop") and quiet.still_quiet(ws, state, env, seconds):
         result["agent_id"] = state["agent_id"]
         quiet.refresh(ws, state, stamp)  # nothing new since the last drain: no store opened
         return
@@ -461,9 +477,13 @@ def _work(ws, harness, name, kind, state, preamble, env, result, now=None) -> No
 
     if kind in ("idle", "end", "beat"):
         status = {"idle": "idle", "end": "stopped", "beat": None}[kind]
+        if harness == "copilot" and kind == "beat":
+            status = "active"  # its prompt and tool events are all it has to say the agent works again
         actions.beat(ws, _who(state), status=status, env=env, piggyback=False, now=now)
         return
     shown, waiting, text, result["quiet"] = _deliver(ws, harness, name, state, preamble, env, now)
+    if harness == "copilot" and name == "Stop" and not shown:  # the turn ends with nothing to show: idle
+        actions.beat(ws, _who(state), status="idle", env=env, piggyback=False, now=now)
     result["delivered"] = [s["id"] for s in shown]
     result["withheld"] = [s["id"] for s in waiting]
     result["output"] = answer(harness, name, text)

@@ -102,7 +102,8 @@ def is_our_command(command, harness: str | None = None) -> bool:
             rest = rest[2:]
         elif rest[:1] and rest[0].startswith("--state-dir="):
             rest = rest[1:]
-        if len(rest) >= 2 and rest[0] == "hook" and (rest[1] == harness or (harness is None and rest[1] in HARNESSES)):
+        if len(rest) >= 2 and rest[0] == "hook" and (rest[1] == harness or (
+                harness is None and (rest[1] in HARNESSES or rest[1] == "copilot"))):
             return True
     return False
 
@@ -267,6 +268,14 @@ def install(harness: str, project_dir: Path | str = ".", *, trust: bool = False,
     `trust` (Codex only, the user's explicit request) also records the entries as trusted in Codex's
     user config. `notes` say what is left to do before the harness really runs the hooks.
     """
+    if harness == "copilot":  # a file of its own format (harness.copilot)
+        from . import copilot
+
+        if trust:
+            raise UsageError("--trust is for codex: Copilot CLI keeps no per-hook trust")
+        done = copilot.install(existing_project(project_dir), hook_command(harness),
+                               lambda c: is_our_command(c, harness))
+        return {"harness": harness, "command": hook_command(harness), **done}
     spec = harness_spec(harness)
     if trust and harness != "codex":
         raise UsageError("--trust is for codex: Claude Code and Gemini CLI keep no per-hook trust")
@@ -332,6 +341,10 @@ def _codex_trust(project: Path, path: Path, document: dict, trust: bool, env) ->
 
 def uninstall(harness: str, project_dir: Path | str = ".") -> dict:
     """Take synapolis's own hook entries out of HARNESS's project settings file; everything else stays."""
+    if harness == "copilot":
+        from . import copilot
+
+        return {"harness": harness, **copilot.uninstall(project_dir, lambda c: is_our_command(c, harness))}
     harness_spec(harness)
     path = settings_file(project_dir, harness)
     if not path.exists():  # nothing there, not even the project: nothing of ours to take out (as `rm -f`)
