@@ -264,12 +264,13 @@ def _load_toml(path: Path):
 
 def check_harness(project: Path, harness: str, env=None) -> list[dict]:
     env = os.environ if env is None else env
-    if harness == "copilot":  # its own file format (harness.copilot); the commands checked as the others'
-        from .harness import copilot
+    if harness in ("copilot", "opencode"):  # files of their own format; the commands checked as the others'
+        from .harness import copilot, opencode
 
-        found, groups = copilot.check(project, lambda c: hook_install.is_our_command(c, "copilot"))
-        install = f"synapolis hooks install copilot --project-dir {shlex.quote(str(project))}"
-        return found + check_hook_commands(groups, "copilot", "harness:copilot", install, env)
+        found, groups = copilot.check(project, lambda c: hook_install.is_our_command(c, "copilot")) \
+            if harness == "copilot" else opencode.check(project)
+        install = f"synapolis hooks install {harness} --project-dir {shlex.quote(str(project))}"
+        return found + check_hook_commands(groups, harness, f"harness:{harness}", install, env)
     spec = hook_install.harness_spec(harness)
     check = f"harness:{harness}"
     settings = hook_install.settings_file(project, harness)
@@ -482,6 +483,10 @@ def check_harnesses(project: Path, env=None) -> list[dict]:
 
     if os.path.exists(copilot.hook_file(project)):
         wired.append("copilot")
+    from .harness import opencode
+
+    if os.path.exists(opencode.plugin_file(project)):
+        wired.append("opencode")
     if not wired:
         return [finding("harness", WARN, f"no harness is wired up in {project}",
                         "synapolis hooks install claude-code   (or gemini-cli, codex)")]

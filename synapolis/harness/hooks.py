@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 
-HARNESS_NAMES = ("claude-code", "gemini-cli", "codex", "copilot")
+HARNESS_NAMES = ("claude-code", "gemini-cli", "codex", "copilot", "opencode")
 
 # event -> what synapolis does: register (start), beat and deliver (deliver), beat idle, beat stopped
 EVENT_KINDS: dict[str, dict[str, str]] = {
@@ -22,10 +22,19 @@ EVENT_KINDS: dict[str, dict[str, str]] = {
     "codex": {"SessionStart": "start", "UserPromptSubmit": "deliver", "PostToolUse": "deliver",
               "Stop": "idle", "SessionEnd": "end"},
     # GitHub Copilot CLI (harness.copilot, its events by their PascalCase names): it reads an answer only at
-    # agentStop (Stop), so that is where signals are delivered; idle when there were none
-    "copilot": {"SessionStart": "start", "UserPromptSubmit": "beat", "PreToolUse": "beat", "PostToolUse": "beat",
+    # agentStop (Stop), so that is where signals are delivered; idle when there were none. Its sessionStart
+    # registers without delivering (a "beat" registers a conversation in no live session): Copilot drops
+    # that answer, and signals shown in it would be marked delivered yet never seen
+    "copilot": {"SessionStart": "beat", "UserPromptSubmit": "beat", "PreToolUse": "beat", "PostToolUse": "beat",
                 "Stop": "deliver", "SessionEnd": "end"},
+    # opencode (harness.opencode's plugin names its events so): the plugin appends the context to the output
+    # of the tool call the model reads next; session.created registers, session.idle is idle
+    "opencode": {"SessionStart": "beat", "PreToolUse": "beat", "PostToolUse": "deliver", "SessionIdle": "idle",
+                 "SessionEnd": "end"},
 }
+# harnesses whose every event but idle and end means the agent works (they have no prompt event of their own
+# that delivers): a beat on them says active, where on the others it keeps the registry's status
+ACTIVE_BEATS = ("copilot", "opencode")
 # Only these events accept hookSpecificOutput.additionalContext (Codex's output schemas reject it
 # elsewhere: additionalProperties false).
 CONTEXT_KINDS = ("start", "deliver")
@@ -46,6 +55,8 @@ OUTPUT_BUDGETS = {
     # Copilot CLI documents no limit on agentStop's `reason` (the next turn's prompt): Claude Code's 10,000
     # UTF-16 units, the smallest budget of the others, so a delivery never floods the turn
     "copilot": 10_000,
+    # opencode documents no limit on what a plugin appends to a tool's output: the same 10,000 UTF-16 units
+    "opencode": 10_000,
 }
 PINNED_ENV = "SYNAPOLIS_HOOK_PINNED_AGENT"  # set by the team server (web.api_call) only, never by a harness
 MAX_INPUT_BYTES = 32 * 1024 * 1024
@@ -477,7 +488,7 @@ def _work(ws, harness, name, kind, state, preamble, env, result, now=None) -> No
 
     if kind in ("idle", "end", "beat"):
         status = {"idle": "idle", "end": "stopped", "beat": None}[kind]
-        if harness == "copilot" and kind == "beat":
+        if harness in ACTIVE_BEATS and kind == "beat":
             status = "active"  # its prompt and tool events are all it has to say the agent works again
         actions.beat(ws, _who(state), status=status, env=env, piggyback=False, now=now)
         return

@@ -103,7 +103,7 @@ def is_our_command(command, harness: str | None = None) -> bool:
         elif rest[:1] and rest[0].startswith("--state-dir="):
             rest = rest[1:]
         if len(rest) >= 2 and rest[0] == "hook" and (rest[1] == harness or (
-                harness is None and (rest[1] in HARNESSES or rest[1] == "copilot"))):
+                harness is None and (rest[1] in HARNESSES or rest[1] in ("copilot", "opencode")))):
             return True
     return False
 
@@ -268,6 +268,13 @@ def install(harness: str, project_dir: Path | str = ".", *, trust: bool = False,
     `trust` (Codex only, the user's explicit request) also records the entries as trusted in Codex's
     user config. `notes` say what is left to do before the harness really runs the hooks.
     """
+    if harness == "opencode":  # a plugin file of ours (harness.opencode)
+        from . import opencode
+
+        if trust:
+            raise UsageError("--trust is for codex: opencode keeps no per-hook trust")
+        done = opencode.install(existing_project(project_dir), program_command())
+        return {"harness": harness, "command": hook_command(harness), **done}
     if harness == "copilot":  # a file of its own format (harness.copilot)
         from . import copilot
 
@@ -341,6 +348,10 @@ def _codex_trust(project: Path, path: Path, document: dict, trust: bool, env) ->
 
 def uninstall(harness: str, project_dir: Path | str = ".") -> dict:
     """Take synapolis's own hook entries out of HARNESS's project settings file; everything else stays."""
+    if harness == "opencode":
+        from . import opencode
+
+        return {"harness": harness, **opencode.uninstall(project_dir)}
     if harness == "copilot":
         from . import copilot
 
