@@ -14,26 +14,23 @@ import time
 
 import pytest
 
-from conftest import clean_env, refused, start_server, stop, synapolis_cmd, validate_heartbeat_cmd
+from conftest import Served, clean_env, refused, start_server, stop, synapolis_cmd, validate_heartbeat_cmd
 from synapolis.workspace import Workspace
 
 # what a sandbox's state directory may hold: its own files, nothing of a store
 SANDBOX_OWN = {"identity.json", "heartbeats", "hooks", ".locks"}
 
 
-class Team:
-    def __init__(self, server_dir, sandbox_dir, url, proc):
-        self.server_dir, self.sandbox_dir, self.url, self.proc = server_dir, sandbox_dir, url, proc
+class Team(Served):
+    """The team's server (a real `synapolis serve` on the test's state directory) and a sandbox beside it."""
 
-    def token(self, name, *extra) -> str:
-        made = self.here("tokens", "create", name, *extra, "--json")
-        assert made.returncode == 0, made.stderr
-        return json.loads(made.stdout)["token"]
+    def __init__(self, server_dir, sandbox_dir, url, proc, cli):
+        super().__init__(proc, url, server_dir, cli)
+        self.server_dir, self.sandbox_dir = server_dir, sandbox_dir
 
     def here(self, *args, input=None, env=None):
         """A CLI call on the server's machine (beside the store)."""
-        return subprocess.run(synapolis_cmd(self.server_dir, *args), input=input, capture_output=True, text=True,
-                              timeout=60, env=clean_env(env))
+        return self._cli(*args, input=input, env=env)
 
     def there(self, token, *args, input=None, env=None, server=None, timeout=60):
         """A CLI call in the sandbox: only SYNAPOLIS_SERVER and SYNAPOLIS_TOKEN."""
@@ -49,10 +46,10 @@ class Team:
 
 
 @pytest.fixture
-def team(ws, tmp_path):
+def team(ws, tmp_path, cli):
     proc, url = start_server(ws.root)
     try:
-        yield Team(ws.root, tmp_path / "sandbox" / "state", url, proc)
+        yield Team(ws.root, tmp_path / "sandbox" / "state", url, proc, cli)
     finally:
         stop(proc)
 
