@@ -207,6 +207,11 @@ def test_a_pinned_token_is_its_agent_and_a_read_only_token_only_reads(team):
     assert other.returncode == 7 and json.loads(other.stdout)["error"]["type"] == "ForbiddenError"
     assert ok(team.there(pinned, "start", "--json"))["agent_id"] == "builder"
     refused(team.there(pinned, "beat", "--agent-id", "intruder"), 7, "ForbiddenError")
+    # its harness's hooks act as that same agent, from the registration `start` made on the sandbox
+    hooked = team.there(pinned, "hook", "claude-code",
+                        input=json.dumps({"session_id": "pinned-conv", "hook_event_name": "SessionStart"}))
+    assert hooked.returncode == 0 and "you are agent builder " in hooked.stdout, hooked.stderr
+    assert [a["id"] for a in ok(team.here("list-agents", "--json"))["agents"]].count("builder") == 1
     reader = team.token("reader", "--read-only")
     refused(team.there(reader, "beat", "--agent-id", "builder"), 7, "ForbiddenError")
     refused(team.there(reader, "signal", "--agent-id", "builder", "*", "hi"), 7, "ForbiddenError")

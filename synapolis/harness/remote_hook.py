@@ -38,9 +38,16 @@ def act(harness: str, event: dict, kind: str, ws, env, result: dict) -> None:
                     session_id=known.get("session_id"), now=quiet.clock()[1])
     budget = hooks.deadline_s(env) - 0.25  # answer before run_bounded's timer gives up for us
     headers_env = json.dumps({k: env[k] for k in _FORWARDED_ENV if env.get(k)})
+    headers = {"x-synapolis-env": headers_env}
+    from ..identity import read_identity_file
+
+    mine = read_identity_file(rws)  # this machine's `synapolis start`: a pinned token's hooks act as it
+    if mine and mine.get("run_token"):
+        headers["x-synapolis-identity"] = json.dumps({k: mine.get(k) for k in ("agent_id", "session_id",
+                                                                              "run_token")})
     status, data = remote.request(t, "POST", f"/api/hook/{harness}",
                                   json.dumps(event, ensure_ascii=False).encode("utf-8"),
-                                  timeout_s=max(budget, 0.5), extra_headers={"x-synapolis-env": headers_env})
+                                  timeout_s=max(budget, 0.5), extra_headers=headers)
     if status != 200:
         raise remote._error_from(t, status, data)
     answer = json.loads(data)

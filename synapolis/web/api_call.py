@@ -88,17 +88,37 @@ def run_call(state, principal, verb: str, payload) -> dict:
     return result
 
 
-def run_hook(state, principal, harness: str, raw: bytes, env: dict) -> dict:
-    """One hook event of a remote harness, handled here as `synapolis hook` would beside the store."""
+def run_hook(state, principal, harness: str, raw: bytes, env: dict, identity=None) -> dict:
+    """One hook event of a remote harness, handled here as `synapolis hook` would beside the store.
+
+    A token pinned to an agent makes that agent the conversation's. When the caller's machine registered it
+    with `synapolis start` (its identity.json, sent as `identity`), the conversation starts from that
+    registration and its run token, as a resumed conversation does, instead of being refused as someone
+    else's; a token that is not the agent's is refused there by the registration itself."""
     from ..harness import hooks
 
     principal.check_may_write()
     env = {k: v for k, v in env.items() if k in _HOOK_ENV and isinstance(v, str)}
     if principal.agent_id:
         env[hooks.PINNED_ENV] = principal.agent_id
+        if isinstance(identity, dict) and identity.get("agent_id") == principal.agent_id:
+            _adopt(state.workspace(), principal.agent_id, identity)
     with agent_call.long_lived(state.live if state.fast else None):
         result = hooks.handle(harness, raw, state_dir=state.root, env=env)
     return {k: result.get(k) for k in ("output", "problems", "agent_id", "event", "delivered", "withheld")}
+
+
+def _adopt(ws, agent_id: str, identity: dict) -> None:
+    """Seed the pinned agent's hook state with the caller's registration, unless the hooks hold one already."""
+    from ..harness import hooks
+
+    token, session = identity.get("run_token"), identity.get("session_id")
+    if not isinstance(token, str) or not (session is None or isinstance(session, str)):
+        return
+    current = hooks.load_state(ws.ensure(), agent_id)
+    if current.get("run_token"):
+        return
+    hooks.save_state(ws, agent_id, {"agent_id": agent_id, "session_id": session, "run_token": token})
 
 
 async def _body(request: Request, limit: int) -> bytes | Response:
@@ -150,12 +170,13 @@ def routes(state, signed_in, refused, error):
             return body
         try:
             env = json.loads(request.headers.get("x-synapolis-env") or "{}")
+            identity = json.loads(request.headers.get("x-synapolis-identity") or "null")
         except ValueError:
-            env = {}
+            env, identity = {}, None
         principal = principal_for(who[0])
         try:
             result = await anyio.to_thread.run_sync(run_hook, state, principal, request.path_params["harness"],
-                                                    body, env if isinstance(env, dict) else {})
+                                                    body, env if isinstance(env, dict) else {}, identity)
         except SynapolisError as exc:
             return error(exc)
         return JSONResponse(result)
