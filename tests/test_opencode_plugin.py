@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 
-from conftest import clean_env
+from conftest import clean_env, require_harness, synapolis_cmd
 
 NODE = shutil.which("node")
 pytestmark = pytest.mark.skipif(NODE is None and not os.environ.get("CI"), reason="needs node")
@@ -97,3 +97,89 @@ def test_the_plugin_registers_delivers_into_the_tool_output_once_and_goes_idle(t
     drive(tmp_path, project, state_dir, [{"event": {"type": "session.deleted",
                                                      "properties": {"info": {"id": session}}}}])
     assert agents(cli)[me]["effective_status"] == "stopped"
+
+
+class OpenAIStandIn:
+    """A local stand-in for an OpenAI-compatible chat API, streaming: the first turn with tools asks for one
+    `bash` call (and, just before, has `lead` broadcast a signal, so it arrives while the tool runs); the
+    turn after the tool's result answers "done"; a turn without tools (opencode's title) answers a title.
+    Every request body is kept: what the model would have been sent is what the test reads."""
+
+    def __init__(self, state_dir):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        bodies = self.bodies = []
+
+        def chunk(delta, finish=None):
+            return "data: " + json.dumps({"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                                          "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}) + "\n\n"
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                bodies.append(raw.decode("utf-8", "replace"))
+                request = json.loads(raw)
+                if not request.get("tools"):
+                    out = chunk({"role": "assistant", "content": "a title"}) + chunk({}, "stop")
+                elif not any(m.get("role") == "tool" for m in request.get("messages", [])):
+                    subprocess.run(synapolis_cmd(state_dir, "signal", "--agent-id", "lead", "*", "MARKER-31 rebase now"),
+                                   capture_output=True, env=clean_env(), timeout=60)
+                    call = {"index": 0, "id": "call_1", "type": "function", "function": {
+                        "name": "bash", "arguments": json.dumps({"command": "echo hi", "description": "say hi"})}}
+                    out = chunk({"role": "assistant", "tool_calls": [call]}) + chunk({}, "tool_calls")
+                else:
+                    out = chunk({"role": "assistant", "content": "done"}) + chunk({}, "stop")
+                data = (out + "data: [DONE]\n\n").encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_port}/v1"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_the_real_opencode_runs_the_plugin_and_a_signal_reaches_the_model(tmp_path, cli, state_dir):
+    opencode = require_harness("opencode")
+    project = tmp_path / "app"
+    project.mkdir()
+    # opencode finds the project (and its opencode.json) by its git repository
+    subprocess.run(["git", "init", "-q", str(project)], check=True, capture_output=True)
+    cli("hooks", "install", "opencode", "--project-dir", project)
+    cli("start", "--agent-id", "lead")
+    model = OpenAIStandIn(state_dir)
+    try:
+        (project / "opencode.json").write_text(json.dumps({
+            "$schema": "https://opencode.ai/config.json", "model": "standin/m",
+            "provider": {"standin": {"npm": "@ai-sdk/openai-compatible", "name": "standin",
+                                     "options": {"baseURL": model.url, "apiKey": "stand-in"},
+                                     "models": {"m": {"name": "m"}}}}}))
+        home = tmp_path / "home"
+        home.mkdir()
+        done = subprocess.run([opencode, "run", "say hi"], cwd=project, capture_output=True, text=True, timeout=240,
+                              stdin=subprocess.DEVNULL,
+                              # PWD too: opencode takes its directory from it, not from the process's cwd
+                              env=clean_env({"HOME": str(home), "PWD": str(project),
+                                             "SYNAPOLIS_STATE_DIR": str(state_dir)}))
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    finally:
+        model.close()
+    (me,) = [a for a in agents(cli) if a.startswith("opencode")]
+    # the bash tool's result the model was sent next carries the signal, once, and nothing sent before it
+    with_signal = [b for b in model.bodies if "MARKER-31 rebase now" in b]
+    assert len(with_signal) == 1 and me in with_signal[0], model.bodies
+    assert agents(cli)[me]["status"] == "idle"  # session.idle after the run
+    pending = json.loads(cli("signals-pending", "--agent-id", me, "--json").stdout)["pending_signals"]
+    assert pending == []  # delivered by the hook, not left waiting
