@@ -17,12 +17,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from conftest import CodexAppServer, harness_binary
+from conftest import CodexAppServer, ModelStandIn, harness_binary
 from synapolis import doctor
 from synapolis.harness import install as hook_install, settings as harness_settings
 
@@ -70,36 +68,6 @@ def test_codex_itself_agrees_on_hashes_and_trust(tmp_path, harness_home, monkeyp
     assert sorted(h["trustStatus"] for h in seen.values()) == ["modified", "trusted", "trusted", "trusted"]
     assert any("PostToolUse" in f["message"] and "changed since" in f["message"]
                for f in doctor.check_harness(project, "codex"))
-
-
-class ModelStandIn:
-    """A local stand-in for a model API (Gemini's, Anthropic's): records each request body and refuses it
-    (400), so the CLI stops after its first turn; what the model would have been sent is what the test reads."""
-
-    def __init__(self):
-        bodies = self.bodies = []
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                bodies.append(self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode("utf-8", "replace"))
-                out = json.dumps({"type": "error", "error": {"code": 400, "type": "invalid_request_error",
-                                                              "message": "stand-in", "status": "INVALID_ARGUMENT"}}).encode()
-                self.send_response(400)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(out)))
-                self.end_headers()
-                self.wfile.write(out)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_port}"
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 
-from conftest import clean_env, require_harness, synapolis_cmd
+from conftest import ModelStandIn, clean_env, require_harness, synapolis_cmd
 
 NODE = shutil.which("node")
 pytestmark = pytest.mark.skipif(NODE is None and not os.environ.get("CI"), reason="needs node")
@@ -99,56 +99,30 @@ def test_the_plugin_registers_delivers_into_the_tool_output_once_and_goes_idle(t
     assert agents(cli)[me]["effective_status"] == "stopped"
 
 
-class OpenAIStandIn:
+def openai_stand_in(state_dir) -> ModelStandIn:
     """A local stand-in for an OpenAI-compatible chat API, streaming: the first turn with tools asks for one
     `bash` call (and, just before, has `lead` broadcast a signal, so it arrives while the tool runs); the
-    turn after the tool's result answers "done"; a turn without tools (opencode's title) answers a title.
-    Every request body is kept: what the model would have been sent is what the test reads."""
+    turn after the tool's result answers "done"; a turn without tools (opencode's title) answers a title."""
 
-    def __init__(self, state_dir):
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    def chunk(delta, finish=None):
+        return "data: " + json.dumps({"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                                      "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}) + "\n\n"
 
-        bodies = self.bodies = []
+    def respond(raw: bytes):
+        request = json.loads(raw)
+        if not request.get("tools"):
+            out = chunk({"role": "assistant", "content": "a title"}) + chunk({}, "stop")
+        elif not any(m.get("role") == "tool" for m in request.get("messages", [])):
+            subprocess.run(synapolis_cmd(state_dir, "signal", "--agent-id", "lead", "*", "MARKER-31 rebase now"),
+                           capture_output=True, env=clean_env(), timeout=60)
+            call = {"index": 0, "id": "call_1", "type": "function", "function": {
+                "name": "bash", "arguments": json.dumps({"command": "echo hi", "description": "say hi"})}}
+            out = chunk({"role": "assistant", "tool_calls": [call]}) + chunk({}, "tool_calls")
+        else:
+            out = chunk({"role": "assistant", "content": "done"}) + chunk({}, "stop")
+        return 200, "text/event-stream", (out + "data: [DONE]\n\n").encode()
 
-        def chunk(delta, finish=None):
-            return "data: " + json.dumps({"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m",
-                                          "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}) + "\n\n"
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self):
-                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                bodies.append(raw.decode("utf-8", "replace"))
-                request = json.loads(raw)
-                if not request.get("tools"):
-                    out = chunk({"role": "assistant", "content": "a title"}) + chunk({}, "stop")
-                elif not any(m.get("role") == "tool" for m in request.get("messages", [])):
-                    subprocess.run(synapolis_cmd(state_dir, "signal", "--agent-id", "lead", "*", "MARKER-31 rebase now"),
-                                   capture_output=True, env=clean_env(), timeout=60)
-                    call = {"index": 0, "id": "call_1", "type": "function", "function": {
-                        "name": "bash", "arguments": json.dumps({"command": "echo hi", "description": "say hi"})}}
-                    out = chunk({"role": "assistant", "tool_calls": [call]}) + chunk({}, "tool_calls")
-                else:
-                    out = chunk({"role": "assistant", "content": "done"}) + chunk({}, "stop")
-                data = (out + "data: [DONE]\n\n").encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_port}/v1"
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+    return ModelStandIn(respond)
 
 
 def test_the_real_opencode_runs_the_plugin_and_a_signal_reaches_the_model(tmp_path, cli, state_dir):
@@ -159,12 +133,12 @@ def test_the_real_opencode_runs_the_plugin_and_a_signal_reaches_the_model(tmp_pa
     subprocess.run(["git", "init", "-q", str(project)], check=True, capture_output=True)
     cli("hooks", "install", "opencode", "--project-dir", project)
     cli("start", "--agent-id", "lead")
-    model = OpenAIStandIn(state_dir)
+    model = openai_stand_in(state_dir)
     try:
         (project / "opencode.json").write_text(json.dumps({
             "$schema": "https://opencode.ai/config.json", "model": "standin/m",
             "provider": {"standin": {"npm": "@ai-sdk/openai-compatible", "name": "standin",
-                                     "options": {"baseURL": model.url, "apiKey": "stand-in"},
+                                     "options": {"baseURL": model.url + "/v1", "apiKey": "stand-in"},
                                      "models": {"m": {"name": "m"}}}}}))
         home = tmp_path / "home"
         home.mkdir()
