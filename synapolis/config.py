@@ -41,6 +41,9 @@ DEFAULTS: dict = {
     "require_run_token": False,
     # "sqlite" (the state directory) or a postgresql:// URL shared by several machines (contract §12)
     "store": "sqlite",
+    # a `synapolis serve` URL to go through instead of any store, and the variable holding its token (§16)
+    "server": None,
+    "token_env": None,
     "escalation": {"notify_cmd": None, "repeat_after_s": 86400, "notify_timeout_s": 10},
     # targets told of incidents, guard denials and deadlocks: [{url, format, events?}] (contract §15)
     "notify": [],
@@ -107,6 +110,12 @@ def check_config(document) -> list[str]:
                 problems.append(f"store: {reason}")
     if "notify" in document:
         problems.extend(check_targets(document["notify"]))
+    if document.get("server") is not None and not (isinstance(document["server"], str)
+                                                   and document["server"].startswith(("http://", "https://"))):
+        problems.append("server must be null or an http:// or https:// URL of a `synapolis serve`")
+    token_env = document.get("token_env")
+    if token_env is not None and not (isinstance(token_env, str) and token_env.isidentifier()):
+        problems.append("token_env must be null or the name of an environment variable (never the token)")
     esc = document.get("escalation", {})
     if not isinstance(esc, dict):
         problems.append("escalation must be an object")
@@ -295,7 +304,8 @@ def load_config(path: str | os.PathLike) -> Config:
 def default_config_document() -> dict:
     document = defaults()
     document.pop("escalation")
-    document.pop("store")  # the default store needs no line; a shared one is set by hand
+    for key in ("store", "server", "token_env"):  # the default store needs no line; the others are set by hand
+        document.pop(key)
     document.pop("notify")  # nobody is told until targets are set by hand (README: "Being told")
     document["escalation"] = {"notify_cmd": None, "repeat_after_s": 86400}
     return document

@@ -252,6 +252,13 @@ def _load_toml(path: Path):
 
 def check_harness(project: Path, harness: str, env=None) -> list[dict]:
     env = os.environ if env is None else env
+    if harness in ("copilot", "opencode"):  # files of their own format; the commands checked as the others'
+        from .harness import copilot, opencode
+
+        found, groups = copilot.check(project, lambda c: hook_install.is_our_command(c, "copilot")) \
+            if harness == "copilot" else opencode.check(project)
+        install = f"synapolis hooks install {harness} --project-dir {shlex.quote(str(project))}"
+        return found + check_hook_commands(groups, harness, f"harness:{harness}", install, env)
     spec = hook_install.harness_spec(harness)
     check = f"harness:{harness}"
     settings = hook_install.settings_file(project, harness)
@@ -507,6 +514,12 @@ def check_harnesses(project: Path, env=None) -> list[dict]:
     wired = [h for h, spec in hook_install.HARNESSES.items()
              if (project / spec.settings_path).parent.is_dir() or (project / MCP_FILES[h]).is_file()
              or _hooks_elsewhere(project, h, env)]
+    from .harness import copilot, opencode
+
+    if os.path.exists(copilot.hook_file(project)):
+        wired.append("copilot")
+    if os.path.exists(opencode.plugin_file(project)):
+        wired.append("opencode")
     if not wired:
         return [finding("harness", WARN, f"no harness is wired up in {project}",
                         "synapolis hooks install claude-code   (or gemini-cli, codex)")]
@@ -533,12 +546,19 @@ def run_doctor(root: Path | str, project_dir: Path | str | None = None, *, mount
     findings += check_local_fs(root, mounts_file)
     findings += check_config_and_schemas(root)
     findings += check_temp_files(root, now)
-    findings += check_cron(root, crontab_cmd)
+    from .doctor_remote import check_server, configured
+
+    remote = configured(root, env)  # through the team server (§16): its store and watchdog are the server's
+    if not remote:
+        findings += check_cron(root, crontab_cmd)
     findings += check_harnesses(project, env)
     findings += check_git_hook(project, env)
-    from .store.checks import check_store  # reachable, schema version, server clock (contract §12)
+    if remote:
+        findings += check_server(root, env)
+    else:
+        from .store.checks import check_store  # reachable, schema version, server clock (contract §12)
 
-    findings += check_store(root, env)
+        findings += check_store(root, env)
     counts = {s: sum(1 for f in findings if f["status"] == s) for s in (OK, WARN, FAIL)}
     return {"ok": counts[FAIL] == 0, "state_dir": str(root), "project_dir": str(project),
             "counts": counts, "findings": findings}

@@ -48,7 +48,7 @@ def configure(ws, **values):
 # file itself is marked `sqlite_only`.
 BOTH_STORES = {"test_signals", "test_store_pool", "test_delivery", "test_sleep", "test_sessions", "test_board", "test_signals_processes", "test_store",
                "test_claims", "test_mcp", "test_mcp_identity",
-               "test_people", "test_guard", "test_retries", "test_pretool"}
+               "test_people", "test_guard", "test_retries", "test_pretool", "test_remote"}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PG_SCRIPT = os.path.join(ROOT, "scripts", "synapolis-test-postgres")
 
@@ -1029,3 +1029,43 @@ class ScriptedModel:
                   {"type": "response.output_item.done", "output_index": 0, "item": item},
                   {"type": "response.completed", "response": {"id": rid, "usage": usage, "output": [item]}}]
         return "text/event-stream", self._sse(events)
+
+class ModelStandIn:
+    """A local stand-in for a model API over HTTP: records each request body (as text, in `bodies`) and answers
+    with `respond(body bytes) -> (status, content type, bytes)`. By default it refuses every request (400, an
+    error object Gemini's and Anthropic's clients both read), so a CLI stops after its first turn; what the
+    model would have been sent is what a test reads."""
+
+    def __init__(self, respond=None):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        bodies = self.bodies = []
+        respond = respond or self.refuse
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                bodies.append(raw.decode("utf-8", "replace"))
+                status, kind, out = respond(raw)
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+
+    @staticmethod
+    def refuse(_body: bytes):
+        return 400, "application/json", json.dumps({"type": "error", "error": {
+            "code": 400, "type": "invalid_request_error", "message": "stand-in", "status": "INVALID_ARGUMENT"}}).encode()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()

@@ -20,7 +20,7 @@ import subprocess
 
 import pytest
 
-from conftest import CodexAppServer, ScriptedModel, console_script, harness_binary
+from conftest import CodexAppServer, ModelStandIn, console_script, harness_binary
 from synapolis import doctor
 from synapolis.harness import install as hook_install, settings as harness_settings
 
@@ -70,18 +70,6 @@ def test_codex_itself_agrees_on_hashes_and_trust(tmp_path, harness_home, monkeyp
                for f in doctor.check_harness(project, "codex"))
 
 
-class ModelStandIn(ScriptedModel):
-    """A local stand-in for a model API (Gemini's, Anthropic's): records each request body and refuses it
-    (400), so the CLI stops after its first turn; what the model would have been sent is what the test reads."""
-
-    status = 400
-
-    def __init__(self):
-        super().__init__("anthropic", [])
-
-    def answer(self, path, body, raw):
-        return "application/json", json.dumps({"type": "error", "error": {
-            "code": 400, "type": "invalid_request_error", "message": "stand-in", "status": "INVALID_ARGUMENT"}}).encode()
 
 
 @pytest.fixture

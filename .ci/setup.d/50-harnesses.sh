@@ -1,13 +1,15 @@
-# The real Codex CLI, Gemini CLI and Claude Code from npm, pinned to the versions docs/HOOKS.md was
+# The real Codex CLI, Gemini CLI, Claude Code and opencode from npm, pinned to the versions docs/HOOKS.md was
 # verified with, for tests/test_harness_binaries.py (Codex's own view of hook trust; Gemini and Claude
 # Code running the installed hooks against a local stand-in for their model API). Only where npm is already there (an earlier step
 # installs node); without it those tests skip. Idempotent: installs of the pinned versions under
-# .ci/cache/harnesses are reused. Exports SYNAPOLIS_TEST_CODEX, SYNAPOLIS_TEST_GEMINI, SYNAPOLIS_TEST_CLAUDE.
+# .ci/cache/harnesses are reused. Exports SYNAPOLIS_TEST_CODEX, SYNAPOLIS_TEST_GEMINI, SYNAPOLIS_TEST_CLAUDE, SYNAPOLIS_TEST_OPENCODE
+# (opencode: tests/test_opencode_plugin.py).
 if command -v npm >/dev/null 2>&1; then
   harness_prefix="$PWD/.ci/cache/harnesses"
   for harness_pkg in "@openai/codex@0.171.0:codex:SYNAPOLIS_TEST_CODEX" \
                      "@google/gemini-cli@0.61.0:gemini:SYNAPOLIS_TEST_GEMINI" \
-                     "@anthropic-ai/claude-code@2.1.332:claude:SYNAPOLIS_TEST_CLAUDE"; do
+                     "@anthropic-ai/claude-code@2.1.332:claude:SYNAPOLIS_TEST_CLAUDE" \
+                     "opencode-ai@1.18.33:opencode:SYNAPOLIS_TEST_OPENCODE"; do
     IFS=: read -r harness_spec harness_bin harness_var <<<"$harness_pkg"
     harness_version="${harness_spec##*@}"
     harness_exe="$harness_prefix/$harness_bin/node_modules/.bin/$harness_bin"

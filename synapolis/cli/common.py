@@ -66,8 +66,11 @@ _READ_ONLY = {"status", "list-agents", "read-notes", "whiteboard-read", "claims"
 
 
 def workspace(ctx: click.Context, create: bool = False) -> Workspace:
+    from ..remote import activate
+
     root = ctx.find_root().obj or {}
-    ws = Workspace.open(root.get("state_dir"))
+    # through the team server when one is configured (§16): the verbs become its, and no store is made here
+    ws = activate(Workspace.open(root.get("state_dir")), " ".join(ctx.command_path.split()[1:]) or ctx.info_name)
     if create:
         return ws.ensure()
     if ctx.info_name in _READ_ONLY and not ws.paths.root.exists():

@@ -141,7 +141,9 @@ def run(call) -> None:
         from ..workspace import Workspace
         from . import hot
 
-        ws = Workspace.open(state_dir)
+        from ..remote import activate
+
+        ws = activate(Workspace.open(state_dir), verb)  # through the team server, when one is configured (§16)
         who = Who(values.pop("agent_id", None), values.pop("session_id", None), values.pop("run_token", None))
         piggyback = not values.pop("no_piggyback", False)
         data, text = getattr(hot, verb.replace("-", "_"))(ws, who, piggyback, **values)

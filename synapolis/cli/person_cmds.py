@@ -26,7 +26,8 @@ def _state_dir(ctx: click.Context):
 def hook_cmd(ctx, harness):
     """Handle one harness hook event (JSON on stdin); answer in HARNESS's shape, always exit 0.
 
-    HARNESS is claude-code, gemini-cli or codex. Problems go to stderr; the harness is never blocked.
+    HARNESS is claude-code, gemini-cli, codex, copilot or opencode. Problems go to stderr; the harness is never
+    blocked.
 
     Example: echo '{"session_id":"s1","hook_event_name":"SessionStart"}' | synapolis hook claude-code
     """

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 
-HARNESS_NAMES = ("claude-code", "gemini-cli", "codex")
+HARNESS_NAMES = ("claude-code", "gemini-cli", "codex", "copilot", "opencode")
 
 # event -> what synapolis does: register (start), beat and deliver (deliver), beat idle, beat stopped
 EVENT_KINDS: dict[str, dict[str, str]] = {
@@ -21,9 +21,22 @@ EVENT_KINDS: dict[str, dict[str, str]] = {
     # Codex documents no SessionEnd today; should it send one, it means the same as Claude Code's.
     "codex": {"SessionStart": "start", "UserPromptSubmit": "deliver", "PostToolUse": "deliver",
               "Stop": "idle", "SessionEnd": "end"},
+    # GitHub Copilot CLI (harness.copilot, its events by their PascalCase names): it reads an answer only at
+    # agentStop (Stop), so that is where signals are delivered; idle when there were none. Its sessionStart
+    # registers without delivering (a "beat" registers a conversation in no live session): Copilot drops
+    # that answer, and signals shown in it would be marked delivered yet never seen
+    "copilot": {"SessionStart": "beat", "UserPromptSubmit": "beat", "PreToolUse": "beat", "PostToolUse": "beat",
+                "Stop": "deliver", "SessionEnd": "end"},
+    # opencode (harness.opencode's plugin names its events so): the plugin appends the context to the output
+    # of the tool call the model reads next; session.created registers, session.idle is idle
+    "opencode": {"SessionStart": "beat", "PreToolUse": "beat", "PostToolUse": "deliver", "SessionIdle": "idle",
+                 "SessionEnd": "end"},
 }
 # the pre-tool event of each harness: the guard's (harness.pretool), never a beat
 PRETOOL_EVENTS = {"claude-code": "PreToolUse", "gemini-cli": "BeforeTool", "codex": "PreToolUse"}
+# harnesses whose every event but idle and end means the agent works (they have no prompt event of their own
+# that delivers): a beat on them says active, where on the others it keeps the registry's status
+ACTIVE_BEATS = ("copilot", "opencode")
 # Only these events accept hookSpecificOutput.additionalContext (Codex's output schemas reject it
 # elsewhere: additionalProperties false).
 CONTEXT_KINDS = ("start", "deliver")
@@ -41,7 +54,13 @@ OUTPUT_BUDGETS = {
     # cuts to 40,000 characters keeping the last 80% (32,000): the context stays well inside that tail.
     # Counted in UTF-16 code units after Gemini escapes each < and > as &lt; and &gt;.
     "gemini-cli": 30_000,
+    # Copilot CLI documents no limit on agentStop's `reason` (the next turn's prompt): Claude Code's 10,000
+    # UTF-16 units, the smallest budget of the others, so a delivery never floods the turn
+    "copilot": 10_000,
+    # opencode documents no limit on what a plugin appends to a tool's output: the same 10,000 UTF-16 units
+    "opencode": 10_000,
 }
+PINNED_ENV = "SYNAPOLIS_HOOK_PINNED_AGENT"  # set by the team server (web.api_call) only, never by a harness
 MAX_INPUT_BYTES = 32 * 1024 * 1024
 HOOK_DEADLINE_S = 4.0          # SYNAPOLIS_HOOK_TIMEOUT_S overrides; harnesses allow 10 s (installed)
 HOOK_BUSY_TIMEOUT_MS = 1500    # a locked store gives up this fast inside a hook, well before the deadline
@@ -98,6 +117,8 @@ def agent_id_for(harness: str, conversation: str, env=None) -> str:
     from ..names import generate_agent_id
 
     env = os.environ if env is None else env
+    if env.get(PINNED_ENV):  # through the team server with a token pinned to an agent: that agent (§16)
+        return env[PINNED_ENV]
     return generate_agent_id(env.get("SYNAPOLIS_SUBSTRATE") or None, harness, conversation_id=conversation,
                              deterministic=True)
 
@@ -105,6 +126,10 @@ def agent_id_for(harness: str, conversation: str, env=None) -> str:
 def answer(harness: str, event: str, context: str | None) -> dict:
     """The harness's own answer shape; {} when there is nothing to add."""
     kind = EVENT_KINDS.get(harness, {}).get(event)
+    if harness == "copilot":
+        from .copilot import answer as copilot_answer
+
+        return copilot_answer(event, context)
     if not context or kind not in CONTEXT_KINDS:
         return {}
     return {"hookSpecificOutput": {"hookEventName": event, "additionalContext": context}}
@@ -314,6 +339,8 @@ def _register(ws, harness, key, conversation, event, env, problems, *, refresh: 
             attempts.append((state["agent_id"], state["run_token"]))  # a resumed conversation: its own slot
         attempts.append((key, None))
         for agent_id, token in attempts + [(None, None)]:
+            if agent_id is None and env.get(PINNED_ENV):
+                raise ForbiddenError(f"agent {key} is registered by someone else, and this token acts only as it")
             if agent_id is None:
                 # the derived id is someone else's: this conversation's hash with 4 random hex instead
                 agent_id = generate_agent_id(env.get("SYNAPOLIS_SUBSTRATE") or None, harness, conversation)
@@ -382,6 +409,10 @@ def handle(harness: str, raw: bytes | str, *, state_dir=None, env=None, now=None
     if harness not in EVENT_KINDS:
         problems.append(f"unknown harness {harness!r}: use one of {', '.join(HARNESS_NAMES)}")
         return result
+    if harness == "copilot":  # its camelCase payload form as the VS Code one (harness.copilot)
+        from .copilot import normalize
+
+        raw = normalize(raw, env)
     try:
         event = parse_event(raw)
     except HookInputError as exc:
@@ -435,7 +466,12 @@ def _act(harness, event, name, kind, state_dir, env, result, now=None) -> None:
 
     problems = result["problems"]
     conversation = conversation_id(event)
-    ws = _workspace(state_dir, env, event).ensure()
+    ws = _workspace(state_dir, env, event)
+    if env.get("SYNAPOLIS_SERVER") or ws.config.values.get("server"):  # through the team server (§16)
+        from .remote_hook import act
+
+        return act(harness, event, kind, ws, env, result)
+    ws = ws.ensure()
     key = quiet.known_key(ws, harness, conversation, env)  # no SHA-256 on the usual call (harness.quiet)
     try:
         state = load_state(ws, key) if key else {}
@@ -452,7 +488,9 @@ def _act(harness, event, name, kind, state_dir, env, result, now=None) -> None:
     seconds, stamp = quiet.clock(now)  # the quiet path is SQLite's only: the local clock
     # a guard warning (guard.mode warn) that Gemini CLI's BeforeTool could not give the model: given now
     warning = _pending_warning(ws, harness, conversation, env) if kind == "deliver" else None
-    if kind == "deliver" and not warning and quiet.still_quiet(ws, state, env, seconds):
+    # Copilot's agentStop is also its idle: the quiet path's refresh would keep the agent active
+    if (kind == "deliver" and not warning and not (harness == "copilot" and name == "Stop")
+            and quiet.still_quiet(ws, state, env, seconds)):
         result["agent_id"] = state["agent_id"]
         quiet.refresh(ws, state, stamp)  # nothing new since the last drain: no store opened
         return
@@ -495,6 +533,8 @@ def _work(ws, harness, name, kind, state, preamble, env, result, now=None) -> No
 
     if kind in ("idle", "end", "beat"):
         status = {"idle": "idle", "end": "stopped", "beat": None}[kind]
+        if harness in ACTIVE_BEATS and kind == "beat":
+            status = "active"  # its prompt and tool events are all it has to say the agent works again
         actions.beat(ws, _who(state), status=status, env=env, piggyback=False, now=now)
         if kind == "end":  # the files guard.auto_claim claimed for this agent are free again
             from ..autoclaim import release_all
@@ -502,6 +542,8 @@ def _work(ws, harness, name, kind, state, preamble, env, result, now=None) -> No
             release_all(ws, state["agent_id"], now=now)
         return
     shown, waiting, text, result["quiet"] = _deliver(ws, harness, name, state, preamble, env, now)
+    if harness == "copilot" and name == "Stop" and not shown:  # the turn ends with nothing to show: idle
+        actions.beat(ws, _who(state), status="idle", env=env, piggyback=False, now=now)
     result["delivered"] = [s["id"] for s in shown]
     result["withheld"] = [s["id"] for s in waiting]
     result["output"] = answer(harness, name, text)

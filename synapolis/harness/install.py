@@ -155,7 +155,8 @@ def is_our_command(command, harness: str | None = None) -> bool:
             rest = rest[2:]
         elif rest[:1] and rest[0].startswith("--state-dir="):
             rest = rest[1:]
-        if len(rest) >= 2 and rest[0] == "hook" and (rest[1] == harness or (harness is None and rest[1] in HARNESSES)):
+        if len(rest) >= 2 and rest[0] == "hook" and (rest[1] == harness or (
+                harness is None and (rest[1] in HARNESSES or rest[1] in ("copilot", "opencode")))):
             return True
     return False
 
@@ -340,6 +341,21 @@ def install(harness: str, project_dir: Path | str = ".", *, trust: bool = False,
     `trust` (Codex only, the user's explicit request) also records the entries as trusted in Codex's
     user config. `notes` say what is left to do before the harness really runs the hooks.
     """
+    if harness == "opencode":  # a plugin file of ours (harness.opencode)
+        from . import opencode
+
+        if trust:
+            raise UsageError("--trust is for codex: opencode keeps no per-hook trust")
+        done = opencode.install(existing_project(project_dir), program_command())
+        return {"harness": harness, "command": hook_command(harness), **done}
+    if harness == "copilot":  # a file of its own format (harness.copilot)
+        from . import copilot
+
+        if trust:
+            raise UsageError("--trust is for codex: Copilot CLI keeps no per-hook trust")
+        done = copilot.install(existing_project(project_dir), hook_command(harness),
+                               lambda c: is_our_command(c, harness))
+        return {"harness": harness, "command": hook_command(harness), **done}
     spec = harness_spec(harness)
     if trust and harness != "codex":
         raise UsageError("--trust is for codex: Claude Code and Gemini CLI keep no per-hook trust")
@@ -434,7 +450,16 @@ def _codex_trust(project: Path, path: Path, document: dict, trust: bool, env) ->
 
 
 def uninstall(harness: str, project_dir: Path | str = ".", *, scope: str = "project", env=None) -> dict:
-    """Take synapolis's own hook entries out of HARNESS's settings file of `scope`; everything else stays."""
+    """Take synapolis's own hook entries out of HARNESS's settings file of `scope`; everything else stays.
+    Copilot CLI's and opencode's files are the project's own (--scope does not apply)."""
+    if harness == "opencode":
+        from . import opencode
+
+        return {"harness": harness, **opencode.uninstall(project_dir)}
+    if harness == "copilot":
+        from . import copilot
+
+        return {"harness": harness, **copilot.uninstall(project_dir, lambda c: is_our_command(c, harness))}
     harness_spec(harness)
     path = scoped_settings_file(project_dir, harness, scope, env)
     if not path.exists():  # nothing there, not even the project: nothing of ours to take out (as `rm -f`)

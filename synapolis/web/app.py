@@ -25,6 +25,7 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 from starlette.routing import Route
 
 from .. import dashboard, overview, people
+from . import api_call
 from ..errors import BusyError, ForbiddenError, SynapolisError, UsageError
 from ..mcp.http import BearerGate, bearer, principal_for, session_manager
 from ..mcp.server import create_server
@@ -271,6 +272,7 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
         Route("/login", login, methods=["POST"]),
         Route("/logout", logout, methods=["POST"]),
         Route("/", page),
+        *api_call.routes(state, signed_in, _refused, _error),  # §16: the CLI and hooks of remote machines
     ]
     # a verb's refusal, a synapolis.json broken since the server started, a store away: the error's JSON with
     # its HTTP status, in one place for every route (/mcp answers its own errors)
