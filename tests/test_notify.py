@@ -254,3 +254,29 @@ def test_a_wait_refused_as_a_deadlock_is_told_as_a_cloudevent(ws, receiver, stat
     finally:
         alice.kill()
         alice.wait(timeout=10)
+
+
+def test_an_edit_refused_by_the_harness_hook_is_told(ws, receiver, state_dir):
+    """§14 + §15: a pre-tool hook that denies an edit hands io.synapolis.guard.denied to the targets; a warning
+    (guard.mode warn) is no denial and is not told."""
+    from synapolis import actions, claims
+    from synapolis.harness import hooks
+
+    ws = configure(ws, notify=targets(receiver, ("/ce", "cloudevents", [notify.GUARD_DENIED])))
+    project = ws.paths.root.parent
+    actions.start(ws, agent_id="alice", env={}, write_identity=False)
+    claims.claim(ws, "src/api/**", "alice")
+    edit = json.dumps({"session_id": "conv-of-bob", "hook_event_name": "PreToolUse", "cwd": str(project),
+                       "tool_name": "Edit", "tool_input": {"file_path": str(project / "src/api/users.py"),
+                                                           "old_string": "a", "new_string": "b"}})
+    denied = hooks.handle("claude-code", edit, state_dir=ws.paths.root, env={})
+    assert denied["output"]["hookSpecificOutput"]["permissionDecision"] == "deny"
+    wait_until(lambda: receiver.at("/ce"), 15, "the denial told")
+    event = json.loads(receiver.at("/ce")[0]["body"])
+    assert event["type"] == "io.synapolis.guard.denied" and event["subject"] == "src/api/users.py"
+    assert event["data"]["tool"] == "Edit" and event["data"]["blocked"][0]["claimed_by"] == "alice"
+    ws = configure(ws, guard={"mode": "warn", "auto_claim": False})
+    warned = hooks.handle("claude-code", edit, state_dir=ws.paths.root, env={})
+    assert "permissionDecision" not in json.dumps(warned["output"])
+    time.sleep(1)  # the sender is a detached process: give a wrongly handed-over event time to arrive
+    assert len(receiver.at("/ce")) == 1

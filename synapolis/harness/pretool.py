@@ -246,11 +246,28 @@ def handle(harness: str, event: dict, state_dir, env, result: dict, now=None) ->
         result["blocked"] = blocked
         reason = reason_text(blocked, agent_id, state.get("session_id"), moment, mode)
         result["output"] = answer(harness, mode, reason)
+        if mode == "deny":
+            _tell_denied(ws, harness, agent_id, blocked, event.get("tool_name") or event.get("toolName"), now)
         if mode == "warn" and harness == "gemini-cli":
             stash_warning(ws, harness, hooks.conversation_id(event), env, reason)
         return
     if auto:
         result["claimed"] = _auto_claim(ws, harness, event, env, state, wanted, result, now)
+
+
+def _tell_denied(ws, harness: str, agent_id, blocked: list[dict], tool, now=None) -> None:
+    """Hand the refused tool call to the notify targets (contract §15: io.synapolis.guard.denied); handed over,
+    never waited for (notify.emit returns at once and never raises)."""
+    from .. import notify
+
+    first = blocked[0]
+    path = first.get("relative_path") or first["path"]  # the project's own name for it, as the claim has it
+    others = f" and {len(blocked) - 1} more" if len(blocked) > 1 else ""
+    notify.emit(ws, notify.GUARD_DENIED, path,
+                {"harness": harness, "tool": tool, "agent_id": agent_id, "blocked": blocked},
+                line=f"{harness} refused {tool or 'an edit'} of {path}{others} for {agent_id}: "
+                     f"{first['claimed_by']} holds {first['item']}; synapolis signal {first['claimed_by']} ...",
+                now=now)
 
 
 def _conversation_state(ws, harness, event, env) -> dict:
