@@ -20,8 +20,8 @@ def guard_caller(ws, who=None, env=None, now: datetime | None = None) -> str | N
 
     Options first, then SYNAPOLIS_AGENT_ID, then identity.json (with its ambiguity rule: several live agents in
     its session and nothing naming this caller is nobody). The guard needs no session, so none is looked up
-    for a named agent. With require_run_token on, a caller presenting no token is nobody and a wrong token is
-    refused (exit 7); with tokens off, the name is the identity, as for every verb."""
+    for a named agent. A wrong run token is refused (exit 7) whatever the config; with require_run_token on, a
+    caller presenting no token is nobody; with tokens off, the name is the identity, as for every verb."""
     env = {} if who is not None and who.named_only else os.environ if env is None else env
     agent = who.agent_id if who is not None else None
     if agent is None:
@@ -38,7 +38,8 @@ def guard_caller(ws, who=None, env=None, now: datetime | None = None) -> str | N
         refuse_reserved(agent)
         token = (who.run_token if who is not None else None) or env.get(ENV_TOKEN) or None
         session_id = who.session_id if who is not None else None
-    if ws.config.require_run_token:
+    # a run token presented is always checked: a wrong one is refused (exit 7, contract §3), as by every verb
+    if token is not None or ws.config.require_run_token:
         if token is None:
             return None
         from .agent_call import proven

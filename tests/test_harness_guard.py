@@ -17,7 +17,7 @@ import threading
 
 import pytest
 
-from conftest import ScriptedModel, clean_env, configure, require_harness
+from conftest import ScriptedModel, clean_env, configure, console_script, require_harness
 from synapolis import actions, claims
 from synapolis.harness import install as hook_install
 from synapolis.workspace import Workspace
@@ -36,7 +36,10 @@ def repo(tmp_path):
 
 
 def harness_env(home, state_dir, **more) -> dict:
-    env = clean_env(HOME=str(home), SYNAPOLIS_STATE_DIR=str(state_dir), **more)
+    # synapolis on PATH, as a teammate who installed it has it: the project's hook files run the portable
+    # `synapolis` (hooks install --scope project)
+    path = os.pathsep.join([os.path.dirname(console_script("synapolis")), os.environ.get("PATH", "")])
+    env = clean_env(HOME=str(home), SYNAPOLIS_STATE_DIR=str(state_dir), PATH=path, **more)
     env.pop("CLAUDE_PROJECT_DIR", None)
     return env
 

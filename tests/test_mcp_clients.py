@@ -38,10 +38,10 @@ def _check(*args) -> dict:
 
 def test_typescript_sdk_1x_client_over_stdio(state_dir):
     checked = _check("stdio", sys.executable, state_dir)
-    assert checked == {"tools": 15, "successes": 15, "errors": 15, "notified": True}
+    assert checked == {"tools": 16, "successes": 16, "errors": 16, "notified": True}
 
 
 def test_typescript_sdk_1x_client_over_http(served):
     token = served.token("ts-client")
     checked = _check("http", served.url, token, sys.executable, served.state_dir)
-    assert checked == {"tools": 15, "successes": 15, "errors": 15, "notified": True}
+    assert checked == {"tools": 16, "successes": 16, "errors": 16, "notified": True}

@@ -35,8 +35,8 @@ ACTING = [("beat", {}), ("signal", {"to": "*", "content": "x"}), ("read_signals"
           ("signals_pending", {}), ("read_notes", {}), ("note", {"text": "x"}), ("list_agents", {}),
           ("write_whiteboard", {"key": "k2", "value": "v"}), ("read_whiteboard", {}), ("tired", {}),
           ("claim", {"item": "ticket:9"}), ("release", {"item": "ticket:8"}),
-          ("claim_check", {"item": "ticket:8", "token": 1})]
-READERS = {"read_signals", "read_notes", "list_agents", "read_whiteboard", "claim_check"}
+          ("claim_check", {"item": "ticket:8", "token": 1}), ("guard", {"paths": ["src/a.py"]})]
+READERS = {"read_signals", "read_notes", "list_agents", "read_whiteboard", "claim_check", "guard"}
 
 
 def run(fn, *args):
@@ -176,7 +176,8 @@ def test_a_read_only_token_reads_every_read_tool_and_resource_and_writes_nothing
              ("read_signals", {"session_id": session, "agent_id": "bob"},
               lambda d: [s["content"] for s in d["signals"]] == ["for bob only"]),
              ("claim_check", {"session_id": session, "item": "ticket:8", "token": tokens["fencing"]},
-              lambda d: d["claim"]["claimed_by"] == "bob")]
+              lambda d: d["claim"]["claimed_by"] == "bob"),
+             ("guard", {"paths": ["src/a.py"]}, lambda d: d["allowed"] is True and d["agent_id"] is None)]
 
     async def main():
         for mode in (LEGACY, MODERN):

@@ -106,6 +106,7 @@ await ok("read_whiteboard", { session_id: session, key: "ts" });
 const held = await ok("claim", { ...me, item: "ticket:ts" });
 await ok("claim_check", { item: "ticket:ts", token: held.claim.token });
 await ok("release", { ...me, item: "ticket:ts" });
+await ok("guard", { ...me, paths: ["src/free.py"] });
 
 // every tool, failing: the model must read our line
 await fails("start_session", { agent_id: "a/../b" }, "UsageError");
@@ -123,6 +124,7 @@ await fails("tired", { ...me, memories: "{not json" }, "UsageError");
 await fails("claim", { ...me, item: "../etc/passwd" }, "UsageError");
 await fails("release", { ...me, item: "ticket:none" }, "NotFoundError");
 await fails("claim_check", { item: "ticket:none", token: 1 }, "NotFoundError");
+await fails("guard", { ...me, paths: ["src/free.py"], run_token: "wrong" }, "ForbiddenError");
 await ok("tired", { ...me, memories: ["checked from TypeScript"] });
 
 // push: subscribe to the inbox, then the CLI (another process) sends a signal
