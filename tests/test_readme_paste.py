@@ -19,6 +19,7 @@ import glob
 import os
 import re
 import shutil
+import signal
 import site
 import subprocess
 import sys
@@ -123,8 +124,21 @@ def test_every_sh_block_pasted_in_order_on_a_fresh_clone(tmp_path):
     env = clean_env(HOME=str(home), PATH=os.pathsep.join(
         p for p in os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep) if p and p != running_venv))
     env.pop("VIRTUAL_ENV", None)
-    done = subprocess.run(["bash", "--noprofile", "--norc", "-s"], input=script, cwd=clone, env=env,
-                          capture_output=True, text=True, timeout=240)
+    # output to files and its own process group: a block that fails after starting a server in the background
+    # (`serve &`) leaves it running, holding what bash's output goes to; the group is stopped at the end, and
+    # files (unlike pipes) need no reader until then, so the test answers as soon as bash does
+    out, err = tmp_path / "paste.out", tmp_path / "paste.err"
+    with open(out, "w") as stdout, open(err, "w") as stderr:
+        shell = subprocess.Popen(["bash", "--noprofile", "--norc", "-s"], cwd=clone, env=env, stdin=subprocess.PIPE,
+                                 stdout=stdout, stderr=stderr, text=True, start_new_session=True)
+        try:
+            shell.communicate(script, timeout=240)
+        finally:
+            try:
+                os.killpg(shell.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    done = subprocess.CompletedProcess(shell.args, shell.returncode, out.read_text(), err.read_text())
     shown = f"left out: {left_out}\n--- stdout\n{done.stdout[-6000:]}\n--- stderr\n{done.stderr[-4000:]}"
     assert done.returncode == 0 and "=== all pasted" in done.stdout, shown
     assert "Traceback" not in done.stderr, shown
