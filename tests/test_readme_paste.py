@@ -16,6 +16,7 @@ the block and the command.
 from __future__ import annotations
 
 import glob
+import importlib.metadata
 import os
 import re
 import shutil
@@ -65,9 +66,12 @@ def make_venv(clone: Path) -> None:
     (Path(purelib) / "00-synapolis-clone.pth").write_text(f"{clone}\n")
     lines = "".join(f"import site; site.addsitedir({p!r})\n" for p in site.getsitepackages())
     (Path(purelib) / "zz-dependencies.pth").write_text(lines)
-    for name, call in (("synapolis", "main"), ("validate-heartbeat", "validate_heartbeat_main")):
-        script = venv / "bin" / name
-        script.write_text(f"#!{venv / 'bin' / 'python'}\nimport sys\nfrom synapolis.cli import {call}\n"
+    # the console scripts as the package declares them (pyproject's [project.scripts], read from the installed
+    # distribution), each running the clone's code
+    for entry in importlib.metadata.distribution("synapolis").entry_points.select(group="console_scripts"):
+        module, call = entry.value.split(":")
+        script = venv / "bin" / entry.name
+        script.write_text(f"#!{venv / 'bin' / 'python'}\nimport sys\nfrom {module} import {call}\n"
                           f"sys.exit({call}())\n")
         script.chmod(0o755)
 
