@@ -136,23 +136,31 @@ def test_inbox_query_uses_the_recipient_index_for_sub_agents(backlog, start_agen
     assert found["signals"][-1]["sender"] == "carol"
 
 
-def test_a_schema_2_store_gets_the_broadcast_index_when_opened(ws, start_agent):
-    """A session.db an older synapolis made (schema 2, no signals_broadcasts_by_sender) is migrated when opened:
-    the index is built over the broadcasts it holds and the inbox finds them through it."""
-    import sqlite3
-
+def older_store(ws, start_agent, version: int, *statements: str):
+    """A session with alice's broadcast to bob, its session.db turned back into an older one: `statements` run
+    on it and `user_version` set to `version`, with no pooled store keeping the schema it read. (sid, path)"""
     from synapolis import store
 
     sid = start_agent("alice")["session_id"]
     start_agent("bob", session_id=sid)
     actions.signal(ws, Who("alice", sid), "*", "before the upgrade", env={}, now=NOW)
     path = ws.files.session_db(sid)
-    store.close_all()  # the process's pooled store must not keep the schema it read
+    store.close_all()
     old = sqlite3.connect(path)
-    old.execute("DROP INDEX signals_broadcasts_by_sender")
-    old.execute("PRAGMA user_version = 2")
+    for statement in statements:
+        old.execute(statement)
+    old.execute(f"PRAGMA user_version = {version}")
     old.commit()
     old.close()
+    return sid, path
+
+
+def test_a_schema_2_store_gets_the_broadcast_index_when_opened(ws, start_agent):
+    """A session.db an older synapolis made (schema 2, no signals_broadcasts_by_sender) is migrated when opened:
+    the index is built over the broadcasts it holds and the inbox finds them through it."""
+    from synapolis import store
+
+    sid, path = older_store(ws, start_agent, 2, "DROP INDEX signals_broadcasts_by_sender")
     page = actions.read_signals(ws, Who("bob", sid), env={}, now=NOW)
     assert [s["content"] for s in page["signals"]] == ["before the upgrade"]
     check = sqlite3.connect(path)
@@ -308,23 +316,10 @@ def test_status_shows_a_hostile_task_as_escapes(ws, put_heartbeat, cli):
 def test_a_store_at_version_3_of_either_kind_is_completed(ws, start_agent, left_out):
     """Version 3 was the broadcasts' index on one branch and idempotency keys on another; 4 has both, so a
     session.db at 3 with either one missing gets the other when opened, and keeps its signals."""
-    from synapolis import store
-
-    sid = start_agent("alice")["session_id"]
-    start_agent("bob", session_id=sid)
-    actions.signal(ws, Who("alice", sid), "*", "before the upgrade", env={}, now=NOW)
-    path = ws.files.session_db(sid)
-    store.close_all()
-    old = sqlite3.connect(path)
-    if left_out == "the broadcasts' index":
-        old.execute("DROP INDEX signals_broadcasts_by_sender")
-    else:
-        old.execute("DROP INDEX signals_by_key")
-        old.execute("ALTER TABLE signals DROP COLUMN idempotency_key")
-        old.execute("DROP TABLE note_keys")
-    old.execute("PRAGMA user_version = 3")
-    old.commit()
-    old.close()
+    left = {"the broadcasts' index": ["DROP INDEX signals_broadcasts_by_sender"],
+            "idempotency keys": ["DROP INDEX signals_by_key", "ALTER TABLE signals DROP COLUMN idempotency_key",
+                                 "DROP TABLE note_keys"]}[left_out]
+    sid, path = older_store(ws, start_agent, 3, *left)
     page = actions.read_signals(ws, Who("bob", sid), env={}, now=NOW)
     assert [s["content"] for s in page["signals"]] == ["before the upgrade"]
     sent = actions.signal(ws, Who("alice", sid), "bob", "keyed", env={}, now=NOW, idempotency_key="k1")
