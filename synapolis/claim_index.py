@@ -21,7 +21,8 @@ from __future__ import annotations
 import os
 from datetime import datetime
 
-from .pathpatterns import compile_pattern, is_name, literal_prefix, matches, overlaps_compiled, prefixes_of
+from .names import is_name
+from .pathpatterns import compile_pattern, literal_prefix, matches, overlaps_compiled, prefixes_of
 
 INDEX_FILE = "claims-index.json"
 INDEX_VERSION = 1

@@ -340,7 +340,7 @@ def run_escalation(ws, now: datetime | None = None, on_alert=None) -> dict:
     store = store_for(ws)
     now = now or store.now()
     if on_alert is None:
-        from .actions import warn_sessions
+        from .alerts import warn_sessions
 
         def on_alert(incident):
             warn_sessions(ws, incident, now=now)

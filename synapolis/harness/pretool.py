@@ -308,8 +308,8 @@ def claim_items(ws, wanted: list[str]) -> list[str]:
     the project and are valid items as they are: a file name with a space, or with a wildcard character
     that would make it a pattern, is not auto-claimed."""
     from ..errors import UsageError
-    from ..names import validate_claim_item
-    from ..pathpatterns import has_wildcards, is_name
+    from ..names import is_name, validate_claim_item
+    from ..pathpatterns import has_wildcards
     from ..project import project_of, relative_path
 
     root, _fold = project_of(ws)
