@@ -115,7 +115,7 @@ def _scan_items(ws) -> dict:
     """{item: prefix} of every unreleased path claim, from the claim files themselves (no pathlib: a claim's
     first use of the index runs this)."""
     from .atomic import json_names, read_json
-    from .claims import _is_record
+    from .rules.claims import _is_record
 
     out = {}
     folder = ws.files.claims
@@ -185,7 +185,7 @@ def file_records(ws, items) -> dict:
 # --- the questions ---------------------------------------------------------------------------------
 
 def _held(record: dict, now: datetime) -> bool:
-    from .claims import claim_state
+    from .rules.claims import claim_state
 
     return claim_state(record, now) == "held"
 
