@@ -296,12 +296,17 @@ _MOVED = {
     "signals_pending": "signal_verbs",
     "inbox": "signal_verbs",
     "follow_signals": "signal_verbs",
-    "warn_sessions": "alerts",
+    "ACKED_SHOWN": "signal_verbs",
+    "WITHHELD_SHOWN": "signal_verbs",
     "list_agents": "board_verbs",
     "note": "board_verbs",
     "read_notes": "board_verbs",
     "whiteboard_write": "board_verbs",
     "whiteboard_read": "board_verbs",
+    "NOTES_BUDGET_CHARS": "board_verbs",
+    "WHITEBOARD_PAGE": "board_verbs",
+    "WHITEBOARD_BUDGET_CHARS": "board_verbs",
+    "warn_sessions": "alerts",
 }
 
 
