@@ -166,9 +166,8 @@ def test_a_one_call_process_runs_without_the_cyclic_collector(pair, state_dir):
 # -- claims -----------------------------------------------------------------------------------------
 
 # the claim verb's own modules: claims.py split by idea (issue 34) into the API, its operations, the `with`
-# lease and the pure rules
-CLAIM_MODULES = {"synapolis.claims", "synapolis.claim_ops", "synapolis.claim_lease", "synapolis.rules",
-                 "synapolis.rules.claims"}
+# lease and the pure rules (synapolis.rules itself a beat loads already: the signal rules)
+CLAIM_MODULES = {"synapolis.claims", "synapolis.claim_ops", "synapolis.claim_lease", "synapolis.rules.claims"}
 
 
 def test_claim_verbs_load_nothing_heavy(pair, state_dir):
