@@ -23,7 +23,7 @@ from .names import (check_text, generate_agent_id, refuse_reserved, validate_age
                     validate_session_id)
 from .sessions import (active_sessions, agent_row, create_session, ensure_session, is_live, read_session,
                        reopen_session, session_exists, ts)
-from .store import clock, open_session, store_for
+from .store import clock, open_session
 from .timeutil import format_ts, humanize_age, parse_ts
 
 ENV_HARNESS = "SYNAPOLIS_HARNESS"
@@ -143,7 +143,7 @@ def start(ws, *, agent_id: str | None = None, session_id: str | None = None, har
         # No lock is taken here that is ever held while waiting for the store's write lock.
         doc = write_heartbeat(ws.paths, agent_id, harness=harness, substrate=substrate, session_id=session_id,
                               status="active", now=format_ts(now))
-        if store_for(ws).kind != "sqlite":  # the copy other machines read (§12), after the local file
+        if ws.store.kind != "sqlite":  # the copy other machines read (§12), after the local file
             conn.put_heartbeat(doc, ts(now))
         if write_identity:
             identity.write_identity_file(ws, agent_id, session_id, token, harness=harness, substrate=substrate)

@@ -10,7 +10,7 @@ from .errors import AmbiguousIdentityError, NotFoundError, UsageError
 from .identity import Who
 from .names import check_limit, validate_session_id
 from .sessions import active_sessions, each_store, is_live, read_session
-from .store import clock, open_session, store_for
+from .store import clock, open_session
 
 
 # -- agents, notes, whiteboard ---------------------------------------------------------------------
@@ -83,7 +83,7 @@ def note(ws, who: Who | None, text: str, *, env=None, piggyback: bool = True, no
         # all or nothing: the store's write lock first (busy: nothing appended, exit 8), and a failure
         # after the append (the commit, a key stored already) takes the note back
         try:
-            with store_for(ws).note_appender(call.session_id) as add, call.store.write() as conn:
+            with ws.store.note_appender(call.session_id) as add, call.store.write() as conn:
                 return call.finish({"note": add(conn, call.agent_id, text, call.now, key)}, conn)
         except Exception as exc:
             if not retries.replays(key, exc):
@@ -125,7 +125,7 @@ def _marked(note: dict) -> dict:
 def _notes_page(ws, session_id: str, limit: int, before: int | None) -> list[dict]:
     """The newest `limit` notes below `before`: the store reads them from the end, and seqs are unique
     and increasing, so the newest `limit + (last - before + 1)` notes hold them all."""
-    store = store_for(ws)
+    store = ws.store
     if before is None:
         return store.read_notes(session_id, limit)
     newest = store.read_notes(session_id, 1)

@@ -194,10 +194,8 @@ def holders_of(ws, rel_paths: list[str], now: datetime) -> dict[str, list[dict]]
     """{path: [records of claims held at `now` whose pattern matches it]} for normalised project-relative
     paths (lower-cased when the project's file system ignores case)."""
     from .project import project_of
-    from .store import store_for
-
     _root, fold = project_of(ws)
-    store = store_for(ws)
+    store = ws.store
     keys = {path: prefixes_of(path.lower()) for path in rel_paths}
     wanted = sorted({p for ps in keys.values() for p in ps})
     candidates = store.path_claim_candidates(wanted)

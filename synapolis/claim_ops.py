@@ -38,9 +38,7 @@ def _commit(ws, slot, record: dict, transition: dict) -> None:
 
 
 def _slot(ws, item: str):
-    from .store import store_for
-
-    return store_for(ws).claim_slot(item)
+    return ws.store.claim_slot(item)
 
 
 def acquire(ws, item: str, agent_id: str, session_id: str | None, ttl: float, now: datetime):
@@ -132,10 +130,8 @@ def _overlaps(ws, slot, item: str, agent_id: str, now: datetime, check: bool) ->
 
 def _existing(ws, item: str, slot=None):
     """The record of an item that was claimed (from `slot` when held), else NotFoundError; nothing is created."""
-    from .store import store_for
-
     validate_claim_item(item)
-    record, existed = (slot.record, slot.existed) if slot is not None else store_for(ws).claim_document(item)
+    record, existed = (slot.record, slot.existed) if slot is not None else ws.store.claim_document(item)
     if not existed:
         raise NotFoundError(f"{item} was never claimed", item=item)
     if record is None:
@@ -211,11 +207,9 @@ def check(ws, item: str, token, now: datetime | None = None) -> dict:
 
 def held_items(ws, now: datetime | None = None) -> dict[str, list[str]]:
     """{agent_id: [items it holds now]} (unreleased, unexpired leases), for the monitor document."""
-    from .store import store_for
-
     now = clock(ws, now)
     held: dict[str, list[str]] = {}
-    for doc, _name, _error in store_for(ws).claim_documents():
+    for doc, _name, _error in ws.store.claim_documents():
         if _is_record(doc) and claim_state(doc, now) == "held":
             held.setdefault(doc["claimed_by"], []).append(doc["item"])
     return {agent: sorted(items) for agent, items in held.items()}
@@ -225,12 +219,10 @@ def list_claims(ws, now: datetime | None = None, *, held_only: bool = False) -> 
     """Every claim file with its `state` (held/expired/released), the holder's effective status and
     whether another agent could take it now; an unreadable file is listed with state 'invalid'.
     `held_only`: only the claims held at `now` (`synapolis claims --held`)."""
-    from .store import store_for
-
     now = clock(ws, now)
     statuses: dict[str, str] = {}
     out = []
-    for doc, name, error in store_for(ws).claim_documents():
+    for doc, name, error in ws.store.claim_documents():
         if not _is_record(doc):
             out.append({"item": None, "file": name, "state": "invalid", "error": error})
             continue

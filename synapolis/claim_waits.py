@@ -104,13 +104,11 @@ def _describe(cycle: list[dict]) -> str:
 def wait_for(ws, agent_id: str, item: str, error: ConflictError, now: datetime, until: datetime) -> None:
     """Record (or refresh) that `agent_id` waits for `item`, blocked as `error` says; ConflictError with
     `cycle` when that wait would close a cycle (nothing is recorded then, and the caller stops waiting)."""
-    from .store import store_for
-
     blocking = blocking_of(error)
     if not blocking:
         return
     stale_s = stale_wait_s(ws.config)
-    with store_for(ws).wait_book() as book:
+    with ws.store.wait_book() as book:
         current = book.waits()
         live = live_waits(current, now, stale_s)
         mine = next((w for w in live if w["agent_id"] == agent_id and w["item"] == item), None)
@@ -139,17 +137,13 @@ def wait_for(ws, agent_id: str, item: str, error: ConflictError, now: datetime, 
 
 def withdraw(ws, agent_id: str, item: str) -> None:
     """The waiter stopped waiting (served, refused, out of time, interrupted)."""
-    from .store import store_for
-
-    with store_for(ws).wait_book() as book:
+    with ws.store.wait_book() as book:
         book.remove(agent_id, item)
 
 
 def waiting(ws, now: datetime) -> list[dict]:
     """The waiters waiting at `now`, oldest first: each `agent_id`, `item`, `since`, `blocked_by`, `blocking`."""
-    from .store import store_for
-
-    live = live_waits(store_for(ws).waits(), now, stale_wait_s(ws.config))
+    live = live_waits(ws.store.waits(), now, stale_wait_s(ws.config))
     return sorted(({k: w[k] for k in ("agent_id", "item", "since", "blocked_by", "blocking", "until") if k in w}
                    for w in live), key=lambda w: (w["since"], w["agent_id"], w["item"]))
 

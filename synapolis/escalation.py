@@ -335,9 +335,7 @@ def run_escalation(ws, now: datetime | None = None, on_alert=None) -> dict:
     broadcast into each active session the agent belongs to (contract §6). Its exceptions are
     recorded in the event, never raised.
     """
-    from .store import store_for
-
-    store = store_for(ws)
+    store = ws.store
     now = now or store.now()
     if on_alert is None:
         from .alerts import warn_sessions
@@ -382,9 +380,7 @@ def _open_list(incidents: dict) -> list:
 
 def list_incidents(ws, include_resolved: bool = False) -> dict:
     """Open incidents, or with `include_resolved` every incident ever (from the log and the files)."""
-    from .store import store_for
-
-    store = store_for(ws)
+    store = ws.store
     current = store.incidents()
     if not include_resolved:
         return {"incidents": _open_list(current)}
@@ -415,9 +411,7 @@ def _find(current: dict, incident_id: str) -> str:
 
 def ack(ws, incident_id: str, now: datetime | None = None) -> dict:
     """Acknowledge a current incident so it is not re-notified; acking twice changes nothing."""
-    from .store import store_for
-
-    store = store_for(ws)
+    store = ws.store
     now = now or store.now()
     at = format_ts(now)
     with store.escalation_book() as book:

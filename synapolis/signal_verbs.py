@@ -11,7 +11,7 @@ from .errors import ForbiddenError, UsageError
 from .identity import Who
 from .names import check_limit, validate_agent_id, validate_session_id
 
-from .store import open_session, store_for
+from .store import open_session
 
 
 # -- signals ---------------------------------------------------------------------------------------
@@ -164,7 +164,7 @@ def follow_signals(ws, who: Who | None = None, *, unread_only: bool = True, limi
     # every later one is noticed at once: a shared store pushes (LISTEN/NOTIFY); the SQLite store's
     # session folder is watched. What came between the first read and now is read by the first check.
     listener_stop = threading.Event()
-    listener = store_for(ws).listen(lambda sid: changed.set() if sid in (None, session) else None, listener_stop)
+    listener = ws.store.listen(lambda sid: changed.set() if sid in (None, session) else None, listener_stop)
     observer = None if listener is not None else \
         start_observer(event_handler(on_event), ws.paths.session_dir(session), poll_interval_s=0.5,
                        event_filter=writes_only())  # our own reads of the session must not wake us

@@ -247,10 +247,8 @@ def append_to_ledger(paths, merged: list[dict], *, session_id: str, merged_by: s
 
 def memories(ws, *, limit: int | None = None) -> dict:
     """`synapolis memories`: the consolidated ledger from the store, the newest `limit` lines, oldest first."""
-    from .store import store_for
-
     check_limit(limit)
-    store = store_for(ws)
+    store = ws.store
     lines = store.read_ledger()
     total = len(lines)
     if limit is not None:
@@ -335,11 +333,9 @@ def consolidate(tx, ws, *, session_id: str, agent_id: str, now: datetime, announ
     """
     from . import signals as sig
 
-    from .store import store_for
-
     entries, broken = staged_entries(tx)
     merged = merge_memories(entries, now)
-    store = store_for(ws)
+    store = ws.store
     written, held = store.append_ledger(tx, merged, session_id=session_id, merged_by=agent_id, reader=reader)
     ids = [e["staged_id"] for e in entries]
     tx.unstage(ids)
@@ -407,9 +403,7 @@ def tired(ws, who=None, *, memories=None, env=None, piggyback: bool = True, now:
                 result["still_staged"] = tx.count_staged()
             call.finish(result, tx, beat={"status": "idle"}, durable=True)
         if result["outcome"] == "consolidated":
-            from .store import store_for
-
-            result["ledger"] = store_for(ws).ledger_location()
+            result["ledger"] = ws.store.ledger_location()
             result["session_status"] = "ended" if ended_before else end_session(ws, session_id, moment)["status"]
         else:
             result["session_status"] = "active"
