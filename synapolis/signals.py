@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from .errors import ForbiddenError, NotFoundError, UsageError
 from .names import PERSON_PREFIX, check_content, is_subagent_of, sha256_hex, validate_agent_id
 from .rules.signals import (BROADCAST, audience, bucket_tokens, fit, is_visible, json_cost,  # noqa: F401 - as before
-                            rate_limited_error, recipient_chain)
+                            next_lamport, rate_limited_error, recipient_chain)
 from .sessions import agent_row, ts
 
 TYPES = ("inform", "query", "delegate", "ack", "warn", "sleep_event", "sleep_request")
@@ -219,12 +219,11 @@ def send(tx, *, caller: str | None, recipient: str, content: str, now: datetime,
         clock = int(mine["lamport"])
     else:
         clock = tx.max_lamport()
-    reply_id = None
+    reply_id = replied_clock = None
     if reply_to:
         replied = find_signal(tx, reply_to)
-        reply_id = replied["id"]
-        clock = max(clock, int(replied["lamport"]))
-    lamport = clock + 1
+        reply_id, replied_clock = replied["id"], int(replied["lamport"])
+    lamport = next_lamport(clock, replied_clock)
     moment = now
     while True:
         signal = _new_signal(sender, recipient, type_, content, moment, lamport, reply_id, idempotency_key)

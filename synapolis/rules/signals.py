@@ -1,4 +1,4 @@
-"""The signal rules: who sees a signal, whom it reaches, who is live to hear it, pages, the rate bucket. Pure."""
+"""The signal rules: who sees a signal, whom it reaches, who is live to hear it, pages, the rate bucket, Lamport."""
 
 from __future__ import annotations
 
@@ -77,3 +77,8 @@ def bucket_tokens(row, moment: float, rate: float) -> float:
     since the row (`tokens`, `updated_at`) was written; a full bucket without a row."""
     per_s = rate / 60.0
     return rate if row is None else min(rate, row["tokens"] + max(0.0, moment - row["updated_at"]) * per_s)
+
+
+def next_lamport(clock: int, replied: int | None = None) -> int:
+    """A send's Lamport value: one past the sender's clock and, for a reply, past the signal it answers."""
+    return (clock if replied is None else max(clock, replied)) + 1
