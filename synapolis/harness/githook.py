@@ -29,7 +29,7 @@ if [ -x "$hooks_dir/{chained}" ]; then
 fi
 SYNAPOLIS_STATE_DIR="${{SYNAPOLIS_STATE_DIR:-{state_dir}}}"
 export SYNAPOLIS_STATE_DIR
-{program} guard --staged
+{program} guard --staged --commit
 status=$?
 if [ "$status" -eq 3 ]; then
     echo "synapolis: commit refused: the files above are claimed by other live agents; ask them (synapolis signal HOLDER ...), or commit without them" >&2
@@ -141,6 +141,6 @@ def installed(project_dir) -> dict | None:
         return None
     with open(hook, encoding="utf-8", errors="replace") as handle:
         for line in handle:
-            if line.rstrip().endswith(" guard --staged"):
+            if line.rstrip().endswith((" guard --staged", " guard --staged --commit")):
                 return {"hook": hook, "command": line.strip(), "executable": os.access(hook, os.X_OK)}
     return {"hook": hook, "command": None, "executable": os.access(hook, os.X_OK)}
