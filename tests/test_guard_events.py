@@ -60,7 +60,7 @@ def refused_commit(project, state_dir) -> subprocess.CompletedProcess:
     src/api/users.py, which the hook refuses."""
     (project / "src" / "api").mkdir(parents=True, exist_ok=True)
     git(project.parent, "init", "-q", "-b", "main", str(project))
-    (project / ".gitignore").write_text("state/\n")
+    (project / ".gitignore").write_text("/*\n!/src/\n!/.gitignore\n")  # the state directory, a browser's profile...
     done = subprocess.run(synapolis_cmd(state_dir, "hooks", "install", "git", "--project-dir", project),
                           capture_output=True, text=True, env=clean_env(), timeout=60)
     assert done.returncode == 0, done.stderr
@@ -244,3 +244,65 @@ def test_a_database_left_at_schema_10_gets_the_events_table(tmp_path, pg_url):
     assert [e["line"] for e in store_for(Workspace.open(ws.paths.root)).recent_events(5)] == ["after the upgrade"]
     with psycopg.connect(pg_url) as conn:
         assert conn.execute("SELECT version FROM synapolis_schema").fetchone()[0] == 11
+
+
+# -- the page, in a real browser ---------------------------------------------------------------------------
+
+def test_the_page_lists_each_refusal_as_it_happens(served, cli, browser, receiver, state_dir):
+    """The dashboard open in headless Chromium (a browser in India): a real hook process's denial, a deadlock
+    between two real `claim --wait` processes and a commit refused by a real git appear in its Events list
+    without a reload, each with its time in the browser's zone, the agent, the path(s) and the holder; the tab's
+    title counts them; the refused commit also reached the notify target."""
+    ws = configure(Workspace.open(state_dir), notify=[{"url": receiver.url("/ntfy"), "format": "ntfy"}])
+    project = ws.paths.root.parent
+    alice_holds(ws)
+    two_holders(ws)
+    token = served.token("ops")
+    page = browser.new_page()
+    page.context.new_cdp_session(page).send("Emulation.setTimezoneOverride", {"timezoneId": "Asia/Kolkata"})
+    page.goto(served.url + "/")
+    page.fill("#token", token)
+    page.click("button[type=submit]")
+    page.wait_for_selector("#live:text-is('live')", timeout=10_000)
+    assert page.is_visible("#no-events") and page.text_content("#no-events") == "None refused."
+    page.evaluate("window.notReloaded = true")
+
+    hook_denies(state_dir, project, "src/api/users.py")
+    denied = page.wait_for_selector('#events li[data-type="io.synapolis.guard.denied"]', timeout=10_000)
+    text = denied.text_content()
+    assert "denied" in text and hooks.agent_id_for("claude-code", CONV, {}) in text and "src/api/users.py" in text
+    assert denied.query_selector(".holder").text_content() == "alice" and "claude-code Edit" in text
+    (event,) = dashboard.collect(ws)["events"]
+    utc = datetime.fromisoformat(event["at"].replace("Z", "+00:00"))
+    shown = denied.query_selector("time").text_content()
+    local = utc + timedelta(hours=5, minutes=30)
+    assert local.strftime("%I:%M") in shown and utc.strftime("%I:%M") not in shown, (shown, event["at"])
+    assert denied.query_selector("time").get_attribute("datetime") == event["at"]
+    assert page.title() == "(1 refused in 1h) synapolis"
+
+    deadlock(state_dir)
+    stuck = page.wait_for_selector('#events li[data-type="io.synapolis.claims.deadlock"]', timeout=10_000)
+    assert "deadlock" in stuck.text_content() and "bob" in stuck.text_content() and "ticket:1" in stuck.text_content()
+    assert stuck.query_selector(".holder").text_content() == "alice"
+
+    refused_commit(project, state_dir)
+    commit = page.wait_for_selector('#events li[data-type="io.synapolis.guard.commit_refused"]', timeout=10_000)
+    assert "commit refused" in commit.text_content() and "a person" in commit.text_content()
+    assert "git commit" in commit.text_content() and commit.query_selector(".holder").text_content() == "alice"
+    types = [li.get_attribute("data-type") for li in page.query_selector_all("#events li")]
+    assert types == ["io.synapolis.guard.commit_refused", "io.synapolis.claims.deadlock", "io.synapolis.guard.denied"]
+    page.wait_for_function("document.title === '(3 refused in 1h) synapolis'", timeout=10_000)
+    assert page.evaluate("window.notReloaded") is True
+    # the text filter narrows the events too
+    page.fill("#filter-text", "ticket")
+    assert [li.get_attribute("data-type") for li in page.query_selector_all("#events li")] == [
+        "io.synapolis.claims.deadlock"]
+    page.fill("#filter-text", "")
+
+    wait_until(lambda: any(r["headers"].get("title", "") for r in receiver.at("/ntfy")
+                           if b"git commit" in r["body"]), 15, "the refused commit told")
+    told = [r for r in receiver.at("/ntfy") if b"git commit" in r["body"]][0]
+    assert b"src/api/users.py" in told["body"] and b"alice" in told["body"] and "no_entry" in told["headers"]["tags"]
+    # a phone: the events fit its width
+    page.set_viewport_size({"width": 390, "height": 844})
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
