@@ -1069,3 +1069,23 @@ class ModelStandIn:
     def close(self):
         self.server.shutdown()
         self.server.server_close()
+
+
+# -- a harness's pre-tool hook, as a real process (contract §14) -------------------------------------------
+
+def claude_edit(project, rel: str, conversation: str = "conv-of-bob-0001") -> str:
+    """Claude Code's PreToolUse event for an Edit of `rel` under `project` (as its docs give it)."""
+    return json.dumps({"session_id": conversation, "hook_event_name": "PreToolUse", "cwd": str(project),
+                       "transcript_path": "/tmp/t.jsonl", "permission_mode": "default", "tool_use_id": "toolu_01",
+                       "tool_name": "Edit", "tool_input": {"file_path": str(project / rel), "old_string": "a",
+                                                          "new_string": "b"}})
+
+
+def hook_denies(state_dir, project, rel: str, conversation: str = "conv-of-bob-0001") -> dict:
+    """Run the console script `synapolis hook claude-code` on an edit of `rel`; its answer, which must deny."""
+    done = subprocess.run(synapolis_cmd(state_dir, "hook", "claude-code"), input=claude_edit(project, rel, conversation),
+                          capture_output=True, text=True, env=clean_env(), timeout=60)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["hookSpecificOutput"]["permissionDecision"] == "deny", answer
+    return answer

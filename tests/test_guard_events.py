@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from conftest import clean_env, configure, synapolis_cmd, wait_until
+from conftest import clean_env, configure, hook_denies, synapolis_cmd, wait_until
 from synapolis import actions, claims, dashboard, guard_events
 from synapolis.harness import hooks
 from synapolis.heartbeat import write_heartbeat
@@ -22,24 +22,6 @@ from synapolis.store import store_for
 from synapolis.workspace import Workspace
 
 CONV = "conv-of-bob-0001"
-
-
-def edit(project, rel: str) -> str:
-    """Claude Code's PreToolUse event for an Edit of `rel` (as its docs give it)."""
-    return json.dumps({"session_id": CONV, "hook_event_name": "PreToolUse", "cwd": str(project),
-                       "transcript_path": "/tmp/t.jsonl", "permission_mode": "default", "tool_use_id": "toolu_01",
-                       "tool_name": "Edit", "tool_input": {"file_path": str(project / rel), "old_string": "a",
-                                                          "new_string": "b"}})
-
-
-def hook_denies(state_dir, project, rel: str) -> dict:
-    """Run the real console script `synapolis hook claude-code` on an edit of `rel`; its (denying) answer."""
-    done = subprocess.run(synapolis_cmd(state_dir, "hook", "claude-code"), input=edit(project, rel),
-                          capture_output=True, text=True, env=clean_env(), timeout=60)
-    assert done.returncode == 0 and done.stderr == "", done.stderr
-    answer = json.loads(done.stdout)
-    assert answer["hookSpecificOutput"]["permissionDecision"] == "deny", answer
-    return answer
 
 
 def alice_holds(ws, item="src/api/**"):
