@@ -4,7 +4,7 @@ Three kinds: a tool call a harness's pre-tool hook denied (`io.synapolis.guard.d
 pre-commit hook refused (`io.synapolis.guard.commit_refused`) and a `claim --wait` refused because waiting
 would deadlock (`io.synapolis.claims.deadlock`). Each is one small record (when, what, which agent was
 refused, the paths or items, who holds them, by what means, a readable line) in the store, the newest KEEP
-per store: guard-events.json in the state directory on SQLite, table guard_events on PostgreSQL, so a
+per store: guard-events.jsonl in the state directory on SQLite, table guard_events on PostgreSQL, so a
 denial on any machine sharing the database shows on the team server's page. Then the same event goes to
 the notify targets (notify.emit, handed to the detached sender). Neither step may fail or slow down the
 refusal itself: both are best-effort and never raise.
@@ -31,10 +31,11 @@ def _unique(values) -> list[str]:
 
 def event_record(event_type: str, *, at: str, agent_id, paths, holders, via: str, line: str) -> dict:
     """One event as the store keeps it and the dashboard shows it (bounded whatever it is given)."""
-    import uuid
+    import os
 
     paths, holders = _unique(paths), _unique(holders)
-    return {"id": uuid.uuid4().hex[:16], "at": at, "type": event_type, "kind": KINDS.get(event_type, event_type),
+    # the id from os.urandom, not uuid: importing uuid alone costs a hook about a millisecond
+    return {"id": os.urandom(8).hex(), "at": at, "type": event_type, "kind": KINDS.get(event_type, event_type),
             "agent_id": agent_id, "paths": paths[:LIST_MAX], "more_paths": max(0, len(paths) - LIST_MAX),
             "holders": holders[:LIST_MAX], "via": via, "line": line[:LINE_MAX]}
 
@@ -60,10 +61,10 @@ def tell(ws, event_type: str, subject: str, data: dict, *, agent_id, paths, hold
 
 
 def recent(ws, limit: int) -> list[dict]:
-    """The newest `limit` events of the store, newest first."""
+    """The newest `limit` events of the store (at most KEEP), newest first."""
     from .store import store_for
 
-    return store_for(ws).recent_events(limit)
+    return store_for(ws).recent_events(min(limit, KEEP))
 
 
 # -- the three kinds ------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The guard's refusals as dashboard events (issue 32, contract §14/§15): a tool call a real `synapolis hook`
 process denies, a `claim --wait` refused as a deadlock between two real processes, and a commit a real git's
-pre-commit hook refuses are each kept in the store's bounded event record (guard-events.json on SQLite, table
+pre-commit hook refuses are each kept in the store's bounded event record (guard-events.jsonl on SQLite, table
 guard_events on PostgreSQL, where a denial on one machine shows on another's team server) and shown by the
 dashboard's JSON and page; the refused commit also reaches a notify target as io.synapolis.guard.commit_refused.
 Recording never turns a refusal into a failure."""
@@ -137,20 +137,28 @@ def test_a_refused_commit_is_kept_and_told(ws, receiver):
 
 
 def test_the_record_keeps_the_newest_200_newest_first(ws):
-    for n in range(205):
+    from synapolis.store import events_local
+
+    for n in range(400):  # long lines: past the SQLite record's trim size more than once
         guard_events.tell(ws, guard_events.GUARD_DENIED, f"f{n}", {}, agent_id="bob", paths=[f"src/f{n}.py"],
-                          holders=["alice"], via="test", line=f"refusal {n}")
-    kept = store_for(ws).recent_events(1000)
+                          holders=["alice"], via="test", line=f"refusal {n} " + "x" * 400)
+    kept = guard_events.recent(ws, 1000)
     assert len(kept) == guard_events.KEEP == 200
-    assert [e["paths"][0] for e in kept[:2]] == ["src/f204.py", "src/f203.py"] and kept[-1]["paths"] == ["src/f5.py"]
+    assert [e["paths"][0] for e in kept[:2]] == ["src/f399.py", "src/f398.py"] and kept[-1]["paths"] == ["src/f200.py"]
+    record = ws.paths.root / events_local.FILE
+    if store_for(ws).kind == "sqlite":
+        assert record.stat().st_size <= events_local.TRIM_BYTES + 1024
+        assert len(record.read_text().splitlines()) < 400
+    else:
+        assert not record.exists()
     shown = dashboard.collect(Workspace.open(ws.paths.root))["events"]
-    assert len(shown) == dashboard.EVENTS_SHOWN and shown[0]["line"] == "refusal 204"
+    assert len(shown) == dashboard.EVENTS_SHOWN and shown[0]["line"].startswith("refusal 399 ")
     # one refusal of 5,000 paths is one bounded record
     many = guard_events.tell(ws, guard_events.GUARD_DENIED, "x", {}, agent_id="bob",
                              paths=[f"src/g{n}.py" for n in range(5000)], holders=["alice"] * 5000, via="test",
                              line="y" * 100_000)
     assert len(many["paths"]) == guard_events.LIST_MAX and many["more_paths"] == 5000 - guard_events.LIST_MAX
-    assert len(many["line"]) == guard_events.LINE_MAX and store_for(ws).recent_events(1)[0]["id"] == many["id"]
+    assert len(many["line"]) == guard_events.LINE_MAX and guard_events.recent(ws, 1)[0]["id"] == many["id"]
 
 
 @pytest.mark.sqlite_only
@@ -160,8 +168,8 @@ def test_a_record_that_cannot_be_written_never_costs_the_refusal(ws, receiver):
     ws = configure(ws, notify=[{"url": receiver.url("/ce"), "format": "cloudevents"}])
     project = ws.paths.root.parent
     alice_holds(ws)
-    record = ws.paths.root / "guard-events.json"
-    record.write_text("{not json")
+    record = ws.paths.root / "guard-events.jsonl"
+    record.write_text('{"torn": ')  # a writer killed mid-line
     hook_denies(ws.paths.root, project, "src/api/users.py")
     assert [e["paths"] for e in store_for(ws).recent_events(10)] == [["src/api/users.py"]]
     record.unlink()
@@ -203,7 +211,7 @@ def test_a_denial_on_one_machine_shows_on_the_team_server_of_another(tmp_path, p
         (event,) = data["events"]
         assert event["paths"] == ["src/api/users.py"] and event["holders"] == ["alice"]
         assert data["events_recent"] == 1
-        assert not (laptop / "state" / "guard-events.json").exists()  # in the database, not a file
+        assert not (laptop / "state" / "guard-events.jsonl").exists()  # in the database, not a file
     finally:
         stop(proc)
 

@@ -409,7 +409,7 @@ class Store(abc.ABC):
 
     # -- the guard's events (contract §15: denials, refused commits, deadlocks; guard_events.py) ----------------
     def record_event(self, event: dict, keep: int) -> None:
-        """Keep `event`, and only the newest `keep` of them. SQLite: guard-events.json (store/events_local.py)."""
+        """Keep `event`, and only the newest `keep` of them. SQLite: guard-events.jsonl (store/events_local.py)."""
         from .events_local import record
 
         record(self.ws, event, keep)

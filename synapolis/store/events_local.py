@@ -1,40 +1,62 @@
-"""The guard's event record on the state directory's own files (the SQLite store): guard-events.json, newest kept."""
+"""The guard's event record on the state directory's own files (the SQLite store): guard-events.jsonl, newest kept."""
 
 from __future__ import annotations
 
+import json
 import os
 
-FILE = "guard-events.json"
+FILE = "guard-events.jsonl"
 LOCK = "guard-events"
-FORMAT = 1
+# an event is appended (a hook pays one short write, not a rewrite of the record); past this size the file is
+# rewritten with the newest `keep` only, so it never holds more than ~TRIM_BYTES and readers take the newest
+TRIM_BYTES = 128 * 1024
 
 
 def _path(ws) -> str:
     return os.path.join(ws.files.root, FILE)
 
 
-def _read(path: str) -> list[dict]:
-    from ..atomic import read_json_or
-
-    doc = read_json_or(path)
-    events = doc.get("events") if isinstance(doc, dict) else None
-    # a damaged or hand-edited file: what is readable of it, never a failure of the refusal that records
-    return [e for e in events if isinstance(e, dict)] if isinstance(events, list) else []
-
-
 def record(ws, event: dict, keep: int) -> None:
-    """Append `event`, keeping the newest `keep`, under the record's lock (two refusals at once both stay)."""
-    from ..atomic import atomic_write_json, locked
+    """Append `event` under the record's lock (a trim never drops one appended meanwhile); trim when large."""
+    from ..atomic import _APPEND_FLAGS, locked, open_regular
 
     path = _path(ws)
+    line = (json.dumps(event, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
     with locked(ws.files.lock(LOCK), timeout=ws.config.busy_timeout_ms / 1000.0):
-        events = (_read(path) + [event])[-keep:]
-        # not durable: an event lost to a power cut costs a line on a page, and a hook pays no fsync for it
-        atomic_write_json(path, {"format": FORMAT, "events": events}, durable=False, mode=0o644)
+        fd = open_regular(path, _APPEND_FLAGS, 0o644)  # never through a planted link, never a FIFO
+        try:
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                line = b"\n" + line  # a writer killed mid-line left a fragment: ours starts on a line of its own
+            os.write(fd, line)  # not fsynced: an event lost to a power cut costs a line on a page, not a hook's time
+            size += len(line)
+        finally:
+            os.close(fd)
+        if size > TRIM_BYTES:
+            _trim(path, keep)
+
+
+def _trim(path: str, keep: int) -> None:
+    from ..atomic import atomic_write_bytes, iter_jsonl_backwards
+
+    newest = []
+    for event in iter_jsonl_backwards(path):
+        newest.append(event)
+        if len(newest) >= keep:
+            break
+    data = "".join(json.dumps(e, ensure_ascii=False, separators=(",", ":")) + "\n" for e in reversed(newest))
+    atomic_write_bytes(path, data.encode("utf-8"), durable=False, mode=0o644)
 
 
 def recent(ws, limit: int) -> list[dict]:
-    """The newest `limit` events, newest first; without locking (the file is replaced whole)."""
-    if limit <= 0:
-        return []
-    return _read(_path(ws))[-limit:][::-1]
+    """The newest `limit` events, newest first, read backwards from the end without locking; a torn or broken
+    line is skipped."""
+    from ..atomic import iter_jsonl_backwards
+
+    found = []
+    if limit > 0:
+        for event in iter_jsonl_backwards(_path(ws)):
+            found.append(event)
+            if len(found) >= limit:
+                break
+    return found
