@@ -163,8 +163,8 @@ def test_the_record_keeps_the_newest_200_newest_first(ws):
 
 @pytest.mark.sqlite_only
 def test_a_record_that_cannot_be_written_never_costs_the_refusal(ws, receiver):
-    """A damaged record is read as far as it goes; one that cannot be written (a folder in its place) leaves the
-    denial a denial, still told to the notify targets."""
+    """A damaged record is read as far as it goes; one that cannot be written (a folder or a planted link in its
+    place) leaves the denial a denial, still told to the notify targets, and nothing is written through a link."""
     ws = configure(ws, notify=[{"url": receiver.url("/ce"), "format": "cloudevents"}])
     project = ws.paths.root.parent
     alice_holds(ws)
@@ -177,6 +177,14 @@ def test_a_record_that_cannot_be_written_never_costs_the_refusal(ws, receiver):
     hook_denies(ws.paths.root, project, "src/api/other.py")
     wait_until(lambda: len(receiver.at("/ce")) == 2, 15, "both denials told")
     assert dashboard.collect(Workspace.open(ws.paths.root))["events"] == []
+    # a link planted in its place is not written through
+    record.rmdir()
+    outside = project / "elsewhere.txt"
+    outside.write_text("mine\n")
+    record.symlink_to(outside)
+    hook_denies(ws.paths.root, project, "src/api/third.py")
+    wait_until(lambda: len(receiver.at("/ce")) == 3, 15, "the third denial told")
+    assert outside.read_text() == "mine\n"
 
 
 # -- PostgreSQL: a denial on one machine, the team server on another ---------------------------------------

@@ -10,6 +10,10 @@ LOCK = "guard-events"
 # an event is appended (a hook pays one short write, not a rewrite of the record); past this size the file is
 # rewritten with the newest `keep` only, so it never holds more than ~TRIM_BYTES and readers take the newest
 TRIM_BYTES = 128 * 1024
+# appending (read too: the last byte is looked at), never through a planted link, never waiting on a FIFO
+# (open_regular then refuses anything but a regular file)
+_FLAGS = (os.O_RDWR | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+          | getattr(os, "O_CLOEXEC", 0))
 
 
 def _path(ws) -> str:
@@ -18,12 +22,12 @@ def _path(ws) -> str:
 
 def record(ws, event: dict, keep: int) -> None:
     """Append `event` under the record's lock (a trim never drops one appended meanwhile); trim when large."""
-    from ..atomic import _APPEND_FLAGS, locked, open_regular
+    from ..atomic import locked, open_regular
 
     path = _path(ws)
     line = (json.dumps(event, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
     with locked(ws.files.lock(LOCK), timeout=ws.config.busy_timeout_ms / 1000.0):
-        fd = open_regular(path, _APPEND_FLAGS, 0o644)  # never through a planted link, never a FIFO
+        fd = open_regular(path, _FLAGS, 0o644)
         try:
             size = os.fstat(fd).st_size
             if size and os.pread(fd, 1, size - 1) != b"\n":
@@ -37,26 +41,22 @@ def record(ws, event: dict, keep: int) -> None:
 
 
 def _trim(path: str, keep: int) -> None:
-    from ..atomic import atomic_write_bytes, iter_jsonl_backwards
+    from ..atomic import atomic_write_bytes
 
-    newest = []
-    for event in iter_jsonl_backwards(path):
-        newest.append(event)
-        if len(newest) >= keep:
-            break
-    data = "".join(json.dumps(e, ensure_ascii=False, separators=(",", ":")) + "\n" for e in reversed(newest))
+    data = "".join(json.dumps(e, ensure_ascii=False, separators=(",", ":")) + "\n" for e in reversed(_newest(path, keep)))
     atomic_write_bytes(path, data.encode("utf-8"), durable=False, mode=0o644)
 
 
-def recent(ws, limit: int) -> list[dict]:
-    """The newest `limit` events, newest first, read backwards from the end without locking; a torn or broken
-    line is skipped."""
+def _newest(path: str, limit: int) -> list[dict]:
+    """The newest `limit` events of the file, newest first, read backwards from its end; a torn or broken line
+    is skipped."""
+    from itertools import islice
+
     from ..atomic import iter_jsonl_backwards
 
-    found = []
-    if limit > 0:
-        for event in iter_jsonl_backwards(_path(ws)):
-            found.append(event)
-            if len(found) >= limit:
-                break
-    return found
+    return list(islice(iter_jsonl_backwards(path), max(0, limit)))
+
+
+def recent(ws, limit: int) -> list[dict]:
+    """The newest `limit` events, newest first, without locking (a trim replaces the file whole)."""
+    return _newest(_path(ws), limit)
