@@ -1089,3 +1089,25 @@ def hook_denies(state_dir, project, rel: str, conversation: str = "conv-of-bob-0
     answer = json.loads(done.stdout)
     assert answer["hookSpecificOutput"]["permissionDecision"] == "deny", answer
     return answer
+
+
+def refuse_a_deadlock(state_dir) -> subprocess.CompletedProcess:
+    """alice holds ticket:1 and waits (a real `claim --wait` process) for bob's ticket:2; bob's own wait for
+    ticket:1 (a second real process, --json) would close the cycle and is refused: its finished process."""
+    def waits(agent, item, *more):
+        return subprocess.Popen(synapolis_cmd(state_dir, "claim", item, "--agent-id", agent, "--wait", "60", *more),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
+
+    alice = waits("alice", "ticket:2")
+    try:
+        def alice_waits():
+            listed = subprocess.run(synapolis_cmd(state_dir, "claims", "--json"), capture_output=True, text=True,
+                                    env=clean_env(), timeout=30)
+            return [w for w in json.loads(listed.stdout)["waiting"] if w["agent_id"] == "alice"]
+        wait_until(alice_waits, 30, "alice recorded as a waiter")
+        bob = waits("bob", "ticket:1", "--json")
+        out, err = bob.communicate(timeout=30)
+        return subprocess.CompletedProcess(bob.args, bob.returncode, out, err)
+    finally:
+        alice.kill()
+        alice.wait(timeout=10)

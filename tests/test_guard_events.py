@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from conftest import clean_env, configure, hook_denies, synapolis_cmd, wait_until
+from conftest import clean_env, configure, hook_denies, refuse_a_deadlock, synapolis_cmd, wait_until
 from synapolis import actions, claims, dashboard, guard_events
 from synapolis.harness import hooks
 from synapolis.heartbeat import write_heartbeat
@@ -53,26 +53,9 @@ def refused_commit(project, state_dir) -> subprocess.CompletedProcess:
     return done
 
 
-def claim_waits(state_dir, agent, item, *more):
-    return subprocess.Popen(synapolis_cmd(state_dir, "claim", item, "--agent-id", agent, "--wait", "60", *more),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
-
-
 def deadlock(state_dir) -> None:
-    """alice holds ticket:1 and waits (a real process) for bob's ticket:2; bob's wait for ticket:1 is refused."""
-    alice = claim_waits(state_dir, "alice", "ticket:2")
-    try:
-        def alice_waits():
-            listed = subprocess.run(synapolis_cmd(state_dir, "claims", "--json"), capture_output=True, text=True,
-                                    env=clean_env(), timeout=30)
-            return [w for w in json.loads(listed.stdout)["waiting"] if w["agent_id"] == "alice"]
-        wait_until(alice_waits, 30, "alice recorded as a waiter")
-        bob = claim_waits(state_dir, "bob", "ticket:1", "--json")
-        out, err = bob.communicate(timeout=30)
-        assert bob.returncode == 3 and "deadlock" in err, err
-    finally:
-        alice.kill()
-        alice.wait(timeout=10)
+    bob = refuse_a_deadlock(state_dir)
+    assert bob.returncode == 3 and "deadlock" in bob.stderr, bob.stderr
 
 
 def two_holders(ws) -> None:
