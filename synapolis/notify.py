@@ -15,7 +15,6 @@ import sys
 INCIDENT_PREFIX = "io.synapolis.incident."
 INCIDENT_EVENTS = ("opened", "raised", "renotified", "resolved")  # `acked` is the person's own act: not told
 GUARD_DENIED = "io.synapolis.guard.denied"
-COMMIT_REFUSED = "io.synapolis.guard.commit_refused"
 CLAIMS_DEADLOCK = "io.synapolis.claims.deadlock"
 TEST = "io.synapolis.test"
 OUTBOX = "notify-outbox"  # spool files of passes handed over, each removed by its sender
@@ -23,7 +22,7 @@ FAILURE_LOG = "notify-failures.jsonl"  # one line per target still failing after
 # keys never sent, at any depth of `data`: the contract promises no token, run token or password leaves
 _SECRET_WORDS = ("token", "password", "passwd", "secret")
 _TAGS = {"opened": "warning", "raised": "rotating_light", "renotified": "warning", "resolved": "white_check_mark",
-         GUARD_DENIED: "no_entry", COMMIT_REFUSED: "no_entry", CLAIMS_DEADLOCK: "lock", TEST: "test_tube"}
+         GUARD_DENIED: "no_entry", CLAIMS_DEADLOCK: "lock", TEST: "test_tube"}
 
 
 def wants(target: dict, event_type: str) -> bool:

@@ -2,7 +2,7 @@
 process denies, a `claim --wait` refused as a deadlock between two real processes, and a commit a real git's
 pre-commit hook refuses are each kept in the store's bounded event record (guard-events.jsonl on SQLite, table
 guard_events on PostgreSQL, where a denial on one machine shows on another's team server) and shown by the
-dashboard's JSON and page; the refused commit also reaches a notify target as io.synapolis.guard.commit_refused.
+dashboard's JSON and page; the refused commit also reaches a notify target as io.synapolis.guard.denied (data.refused "commit").
 Recording never turns a refusal into a failure."""
 
 from __future__ import annotations
@@ -105,13 +105,15 @@ def test_a_refused_commit_is_kept_and_told(ws, receiver):
     (told,) = receiver.at("/ce")
     cloud = json.loads(told["body"])
     assert told["headers"]["content-type"].startswith("application/cloudevents+json")
-    assert cloud["type"] == "io.synapolis.guard.commit_refused" and cloud["subject"] == "src/api/users.py"
+    assert cloud["type"] == "io.synapolis.guard.denied" and cloud["subject"] == "src/api/users.py"  # §15: "a tool call or commit refused"
+    assert cloud["data"]["refused"] == "commit"
     assert cloud["data"]["blocked"][0]["claimed_by"] == "alice" and "token" not in cloud["data"]["blocked"][0]
     (event,) = dashboard.collect(Workspace.open(ws.paths.root))["events"]
-    assert event["type"] == "io.synapolis.guard.commit_refused" and event["kind"] == "commit refused"
+    assert event["type"] == "io.synapolis.guard.denied" and event["kind"] == "commit refused"
     assert event["paths"] == ["src/api/users.py"] and event["holders"] == ["alice"] and event["via"] == "git commit"
     assert event["agent_id"] is None  # a person committing, no agent identity
-    assert receiver.at("/denials-only") == []  # a filter on the denials alone does not take a refused commit
+    wait_until(lambda: receiver.at("/denials-only"), 15, "the refused commit told to the denials' filter too")
+    assert "git commit" in json.loads(receiver.at("/denials-only")[0]["body"])["text"]
     # `guard --staged` without --commit (a person asking) is a pure query: nothing recorded, nothing told
     asked = subprocess.run(synapolis_cmd(ws.paths.root, "guard", "--staged"), cwd=project, capture_output=True,
                            text=True, env=clean_env(), timeout=60)
@@ -267,11 +269,11 @@ def test_the_page_lists_each_refusal_as_it_happens(served, cli, browser, receive
     assert stuck.query_selector(".holder").text_content() == "alice"
 
     refused_commit(project, state_dir)
-    commit = page.wait_for_selector('#events li[data-type="io.synapolis.guard.commit_refused"]', timeout=10_000)
+    commit = page.wait_for_selector('#events li[data-kind="commit refused"]', timeout=10_000)
     assert "commit refused" in commit.text_content() and "a person" in commit.text_content()
     assert "git commit" in commit.text_content() and commit.query_selector(".holder").text_content() == "alice"
-    types = [li.get_attribute("data-type") for li in page.query_selector_all("#events li")]
-    assert types == ["io.synapolis.guard.commit_refused", "io.synapolis.claims.deadlock", "io.synapolis.guard.denied"]
+    kinds = [li.get_attribute("data-kind") for li in page.query_selector_all("#events li")]
+    assert kinds == ["commit refused", "deadlock", "denied"]
     page.wait_for_function("document.title === '(3 refused in 1h) synapolis'", timeout=10_000)
     assert page.evaluate("window.notReloaded") is True
     # the text filter narrows the events too

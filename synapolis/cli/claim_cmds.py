@@ -95,7 +95,7 @@ def claim_check_cmd(ws, item, token, as_json):
 @click.option("--run-token", default=None, help="This agent's run token (else $SYNAPOLIS_RUN_TOKEN).")
 @click.option("--commit", "for_commit", is_flag=True,
               help="Asked by git's pre-commit hook: a refusal is a refused commit, shown on the dashboard and told "
-                   "to the notify targets (io.synapolis.guard.commit_refused).")
+                   "to the notify targets (io.synapolis.guard.denied, data.refused \"commit\").")
 @json_option
 @pass_workspace(create=False)
 def guard_cmd(ws, paths, staged, agent_id, session_id, run_token, for_commit, as_json):
