@@ -48,7 +48,7 @@ def configure(ws, **values):
 # file itself is marked `sqlite_only`.
 BOTH_STORES = {"test_signals", "test_store_pool", "test_delivery", "test_sleep", "test_sessions", "test_board", "test_signals_processes", "test_store",
                "test_claims", "test_mcp", "test_mcp_identity",
-               "test_people", "test_guard", "test_retries", "test_pretool", "test_remote"}
+               "test_people", "test_guard", "test_retries", "test_pretool", "test_remote", "test_guard_events"}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PG_SCRIPT = os.path.join(ROOT, "scripts", "synapolis-test-postgres")
 
@@ -1069,3 +1069,45 @@ class ModelStandIn:
     def close(self):
         self.server.shutdown()
         self.server.server_close()
+
+
+# -- a harness's pre-tool hook, as a real process (contract §14) -------------------------------------------
+
+def claude_edit(project, rel: str, conversation: str = "conv-of-bob-0001") -> str:
+    """Claude Code's PreToolUse event for an Edit of `rel` under `project` (as its docs give it)."""
+    return json.dumps({"session_id": conversation, "hook_event_name": "PreToolUse", "cwd": str(project),
+                       "transcript_path": "/tmp/t.jsonl", "permission_mode": "default", "tool_use_id": "toolu_01",
+                       "tool_name": "Edit", "tool_input": {"file_path": str(project / rel), "old_string": "a",
+                                                          "new_string": "b"}})
+
+
+def hook_denies(state_dir, project, rel: str, conversation: str = "conv-of-bob-0001") -> dict:
+    """Run the console script `synapolis hook claude-code` on an edit of `rel`; its answer, which must deny."""
+    done = subprocess.run(synapolis_cmd(state_dir, "hook", "claude-code"), input=claude_edit(project, rel, conversation),
+                          capture_output=True, text=True, env=clean_env(), timeout=60)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["hookSpecificOutput"]["permissionDecision"] == "deny", answer
+    return answer
+
+
+def refuse_a_deadlock(state_dir) -> subprocess.CompletedProcess:
+    """alice holds ticket:1 and waits (a real `claim --wait` process) for bob's ticket:2; bob's own wait for
+    ticket:1 (a second real process, --json) would close the cycle and is refused: its finished process."""
+    def waits(agent, item, *more):
+        return subprocess.Popen(synapolis_cmd(state_dir, "claim", item, "--agent-id", agent, "--wait", "60", *more),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
+
+    alice = waits("alice", "ticket:2")
+    try:
+        def alice_waits():
+            listed = subprocess.run(synapolis_cmd(state_dir, "claims", "--json"), capture_output=True, text=True,
+                                    env=clean_env(), timeout=30)
+            return [w for w in json.loads(listed.stdout)["waiting"] if w["agent_id"] == "alice"]
+        wait_until(alice_waits, 30, "alice recorded as a waiter")
+        bob = waits("bob", "ticket:1", "--json")
+        out, err = bob.communicate(timeout=30)
+        return subprocess.CompletedProcess(bob.args, bob.returncode, out, err)
+    finally:
+        alice.kill()
+        alice.wait(timeout=10)

@@ -93,12 +93,16 @@ def claim_check_cmd(ws, item, token, as_json):
 @click.option("--agent-id", default=None, help="Answer for this agent (else $SYNAPOLIS_AGENT_ID, identity.json).")
 @click.option("--session-id", default=None, help="The session (else $SYNAPOLIS_SESSION_ID, identity.json).")
 @click.option("--run-token", default=None, help="This agent's run token (else $SYNAPOLIS_RUN_TOKEN).")
+@click.option("--commit", "for_commit", is_flag=True,
+              help="Asked by git's pre-commit hook: a refusal is a refused commit, shown on the dashboard and told "
+                   "to the notify targets (io.synapolis.guard.denied, data.refused \"commit\").")
 @json_option
 @pass_workspace(create=False)
-def guard_cmd(ws, paths, staged, agent_id, session_id, run_token, as_json):
+def guard_cmd(ws, paths, staged, agent_id, session_id, run_token, for_commit, as_json):
     """May this agent write PATHS? Exit 0 when each is free or held only by the caller (or its sub-agents),
     3 when a live other holds any, one line per blocked path. PATHS are absolute or relative to the project
-    root; with no identity at all, every path a live agent holds is blocked. Changes nothing.
+    root; with no identity at all, every path a live agent holds is blocked. Changes nothing, except that with
+    --commit (git's pre-commit hook) a refusal is recorded as an event and told.
 
     Example: synapolis guard src/api/users.py docs/api.md --agent-id alice
     """
@@ -122,4 +126,8 @@ def guard_cmd(ws, paths, staged, agent_id, session_id, run_token, as_json):
 
     emit(as_json, data, text)
     if not data["allowed"]:
+        if for_commit:
+            from ..guard_events import commit_refused
+
+            commit_refused(ws, data)
         raise SystemExit(3)

@@ -256,18 +256,11 @@ def handle(harness: str, event: dict, state_dir, env, result: dict, now=None) ->
 
 
 def _tell_denied(ws, harness: str, agent_id, blocked: list[dict], tool, now=None) -> None:
-    """Hand the refused tool call to the notify targets (contract §15: io.synapolis.guard.denied); handed over,
-    never waited for (notify.emit returns at once and never raises)."""
-    from .. import notify
+    """Record the refused tool call for the dashboard and hand it to the notify targets (contract §15:
+    io.synapolis.guard.denied); never waited for, never raises (guard_events.tell)."""
+    from ..guard_events import tool_denied
 
-    first = blocked[0]
-    path = first.get("relative_path") or first["path"]  # the project's own name for it, as the claim has it
-    others = f" and {len(blocked) - 1} more" if len(blocked) > 1 else ""
-    notify.emit(ws, notify.GUARD_DENIED, path,
-                {"harness": harness, "tool": tool, "agent_id": agent_id, "blocked": blocked},
-                line=f"{harness} refused {tool or 'an edit'} of {path}{others} for {agent_id}: "
-                     f"{first['claimed_by']} holds {first['item']}; synapolis signal {first['claimed_by']} ...",
-                now=now)
+    tool_denied(ws, harness, agent_id, blocked, tool, now)
 
 
 def _conversation_state(ws, harness, event, env) -> dict:
