@@ -48,7 +48,7 @@ def configure(ws, **values):
 # file itself is marked `sqlite_only`.
 BOTH_STORES = {"test_signals", "test_store_pool", "test_delivery", "test_sleep", "test_sessions", "test_board", "test_signals_processes", "test_store",
                "test_claims", "test_mcp", "test_mcp_identity",
-               "test_people", "test_guard", "test_retries", "test_pretool", "test_remote"}
+               "test_people", "test_guard", "test_retries", "test_pretool", "test_remote", "test_remote_guard", "test_remote_follow"}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PG_SCRIPT = os.path.join(ROOT, "scripts", "synapolis-test-postgres")
 
@@ -1069,3 +1069,50 @@ class ModelStandIn:
     def close(self):
         self.server.shutdown()
         self.server.server_close()
+
+
+# -- the remote mode (contract §16): a team server and a sandbox that has only its URL and a token ----------
+
+# what a sandbox's state directory may hold: its own files, nothing of a store
+SANDBOX_OWN = {"identity.json", "heartbeats", "hooks", ".locks"}
+
+
+class Team(Served):
+    """The team's server (a real `synapolis serve` on the test's state directory) and a sandbox beside it."""
+
+    def __init__(self, server_dir, sandbox_dir, url, proc, cli):
+        super().__init__(proc, url, server_dir, cli)
+        self.server_dir, self.sandbox_dir = server_dir, sandbox_dir
+
+    def here(self, *args, input=None, env=None):
+        """A CLI call on the server's machine (beside the store)."""
+        return self._cli(*args, input=input, env=env)
+
+    def there(self, token, *args, input=None, env=None, server=None, timeout=60):
+        """A CLI call in the sandbox: only SYNAPOLIS_SERVER and SYNAPOLIS_TOKEN."""
+        extra = {"SYNAPOLIS_SERVER": server or self.url}
+        if token is not None:
+            extra["SYNAPOLIS_TOKEN"] = token
+        extra.update(env or {})
+        return subprocess.run(synapolis_cmd(self.sandbox_dir, *args), input=input, capture_output=True,
+                              text=True, timeout=timeout, env=clean_env(extra))
+
+    def sandbox_holds(self) -> set:
+        return set(os.listdir(self.sandbox_dir)) if os.path.isdir(self.sandbox_dir) else set()
+
+
+@pytest.fixture
+def team(ws, tmp_path, cli):
+    """A real `synapolis serve` on the test's state directory (`ws`: SQLite or PostgreSQL) and a sandbox."""
+    proc, url = start_server(ws.root)
+    try:
+        yield Team(ws.root, tmp_path / "sandbox" / "state", url, proc, cli)
+    finally:
+        stop(proc)
+
+
+def ok(result) -> dict | str:
+    assert result.returncode == 0, (result.returncode, result.stderr)
+    return json.loads(result.stdout) if result.stdout.startswith("{") else result.stdout
+
+

@@ -99,13 +99,56 @@ def run_hook(state, principal, harness: str, raw: bytes, env: dict, identity=Non
 
     principal.check_may_write()
     env = {k: v for k, v in env.items() if k in _HOOK_ENV and isinstance(v, str)}
+    import os
+
+    if os.environ.get("SYNAPOLIS_STORE_URL"):
+        # the server's own store choice: the hooks' quiet paths (SQLite files only) must see it is not SQLite
+        env["SYNAPOLIS_STORE_URL"] = os.environ["SYNAPOLIS_STORE_URL"]
     if principal.agent_id:
         env[hooks.PINNED_ENV] = principal.agent_id
         if isinstance(identity, dict) and identity.get("agent_id") == principal.agent_id:
             _adopt(state.workspace(), principal.agent_id, identity)
     with agent_call.long_lived(state.live if state.fast else None):
-        result = hooks.handle(harness, raw, state_dir=state.root, env=env)
-    return {k: result.get(k) for k in ("output", "problems", "agent_id", "event", "delivered", "withheld")}
+        result = _pretool(state, harness, raw, env)
+        if result is None:
+            result = hooks.handle(harness, raw, state_dir=state.root, env=env)
+    return {k: result.get(k) for k in ("output", "problems", "agent_id", "event", "delivered", "withheld",
+                                       "blocked")}
+
+
+def _pretool(state, harness: str, raw: bytes, env: dict) -> dict | None:
+    """A sandbox's pre-tool event (harness.remote_guard): the guard decided here for the project-relative
+    paths it names, never for its tool's input (another machine's absolute paths mean nothing here); None
+    for any other event. The answer is the harness's own, as beside the store (harness.pretool.decide)."""
+    from ..harness import hooks
+    from ..harness.remote_guard import PATHS_KEY
+
+    try:
+        event = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(event, dict) or PATHS_KEY not in event:
+        return None
+    result = {"output": {}, "problems": [], "agent_id": None, "event": None, "delivered": [], "withheld": []}
+    paths = event.get(PATHS_KEY)
+    if (harness not in hooks.PRETOOL_EVENTS or hooks.event_name(event) != hooks.PRETOOL_EVENTS[harness]
+            or not isinstance(paths, list) or not all(isinstance(p, str) for p in paths)):
+        raise UsageError(f"{PATHS_KEY} comes with a pre-tool event of a known harness, as a list of paths")
+    try:
+        hooks.parse_event(raw)
+    except hooks.HookInputError as exc:
+        raise UsageError(str(exc)) from None
+    result["event"] = hooks.event_name(event)
+    from ..harness import pretool
+
+    ws = hooks._workspace(state.root, env, {})
+    try:
+        # relative paths: the guard takes them relative to this server's project root
+        pretool.decide(harness, event, ws, env, result, [p for p in paths if not p.startswith("/")])
+    except Exception as exc:  # noqa: BLE001 - the guard never blocks work because of its own failure
+        result["output"] = {}
+        result["problems"].append("guard: " + (getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"))
+    return result
 
 
 def _adopt(ws, agent_id: str, identity: dict) -> None:
