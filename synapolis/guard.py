@@ -41,7 +41,8 @@ def guard_caller(ws, who=None, env=None, now: datetime | None = None) -> str | N
     # a run token presented is always checked: a wrong one is refused (exit 7, contract §3), as by every verb
     if token is not None or ws.config.require_run_token:
         if token is None:
-            return None
+            # a caller the transport vouched for (a token pinned to this agent, §13, §16) needs no run token
+            return agent if who is not None and who.vouched and who.agent_id == agent else None
         from .agent_call import proven
         from .identity import Caller
 

@@ -178,7 +178,7 @@ def test_a_pinned_token_is_its_agent_and_a_read_only_token_only_reads(team):
 
 def test_verbs_that_work_beside_the_store_are_refused_and_create_nothing(team):
     token = team.token("sandbox")
-    for args in (["monitor"], ["tokens", "create", "x"], ["init"], ["escalations"]):
+    for args in (["monitor"], ["tokens", "create", "x"], ["init"], ["escalate"]):
         refused(team.there(token, *args), 2, "UsageError")
     assert not any(name in team.sandbox_holds() for name in ("sessions", "claims", "synapolis.json"))
 

@@ -17,26 +17,12 @@ import json
 PATHS_KEY = "synapolis_paths"  # the event key carrying the project-relative paths (web/api_call.run_hook)
 
 
-def relative_paths(ws, wanted: list[str]) -> dict[str, str]:
-    """{project-relative path: the path as the tool gave it} for each of `wanted` inside this machine's
-    project (the top of the git work tree holding the state directory's parent, else that parent)."""
-    from ..project import project_of, relative_path
-
-    root, fold = project_of(ws)
-    out: dict[str, str] = {}
-    for path in wanted:
-        rel = relative_path(path, root, fold)
-        if rel is not None:
-            out.setdefault(rel, path)
-    return out
-
-
 def ask(harness: str, event: dict, ws, env, result: dict, wanted: list[str]) -> None:
     """Fill `result` (output, problems, agent_id, blocked) with the server's answer for this pre-tool event."""
     from .. import remote
     from . import hooks
 
-    rel = relative_paths(ws, wanted)
+    rel, _outside = remote.relative_paths(ws, wanted)
     if not rel:
         return  # nothing inside the project: nothing to guard, no call
     t = remote.target(ws.config, env)
