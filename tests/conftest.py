@@ -1111,7 +1111,8 @@ def team(ws, tmp_path, cli):
         stop(proc)
 
 
-def ok(result) -> dict | str:
+def succeeded(result) -> dict | str:
+    """A CLI run's output (its JSON object, or its text) once it exited 0."""
     assert result.returncode == 0, (result.returncode, result.stderr)
     return json.loads(result.stdout) if result.stdout.startswith("{") else result.stdout
 

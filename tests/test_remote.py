@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import SANDBOX_OWN, clean_env, ok, refused, synapolis_cmd, validate_heartbeat_cmd
+from conftest import SANDBOX_OWN, clean_env, refused, succeeded as ok, synapolis_cmd, validate_heartbeat_cmd
 from synapolis.workspace import Workspace
 
 

@@ -14,7 +14,7 @@ import subprocess
 import time
 from datetime import datetime, timezone
 
-from conftest import SANDBOX_OWN, clean_env, ok, refused, start_server, stop, synapolis_cmd
+from conftest import SANDBOX_OWN, clean_env, refused, start_server, stop, succeeded as ok, synapolis_cmd
 
 
 def same(a: dict, b: dict, *ignore) -> bool:

@@ -12,7 +12,7 @@ import json
 import socket
 import time
 
-from conftest import SANDBOX_OWN, ok
+from conftest import SANDBOX_OWN, succeeded as ok
 
 
 def hook(team, token, harness, event, **env):
