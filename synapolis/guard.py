@@ -98,21 +98,14 @@ def guard(ws, who=None, paths=(), *, now: datetime | None = None, env=None) -> d
     directory's parent, else that parent). Blocked: a path matched by a claim that a live agent other than
     the caller and its sub-agents holds (with no identity, any live agent). A pure query: it refreshes nobody's
     heartbeat, delivers nothing and writes nothing."""
-    from .project import project_of, relative_path
+    from .project import project_of, split_paths
     from .store import clock
 
     paths = _check_paths(paths)
     moment = clock(ws, now)
     caller = guard_caller(ws, who, env, moment)
-    root, fold = project_of(ws)
-    inside: list[tuple[str, str]] = []
-    outside: list[str] = []
-    for path in paths:
-        rel = relative_path(path, root, fold)
-        if rel is None:
-            outside.append(path)
-        else:
-            inside.append((path, rel))
+    root, _fold = project_of(ws)
+    inside, outside = split_paths(ws, paths)
     blocked: list[dict] = []
     if inside:
         held = blocking(ws, caller, sorted({rel for _path, rel in inside}), moment)

@@ -396,18 +396,13 @@ def make_verbs(t: Target, env=None) -> dict:
 def relative_paths(ws, paths) -> tuple[dict[str, str], list[str]]:
     """({project-relative path: the path as given} for the paths inside this machine's project, [the others]).
     A sandbox's clone and the team's checkout share project-relative paths, never absolute ones."""
-    from .project import project_of, relative_path
+    from .project import split_paths
 
-    root, fold = project_of(ws)
-    inside: dict[str, str] = {}
-    outside: list[str] = []
-    for path in paths:
-        rel = relative_path(path, root, fold)
-        if rel is None:
-            outside.append(path)
-        else:
-            inside.setdefault(rel, path)
-    return inside, outside
+    inside, outside = split_paths(ws, paths)
+    found: dict[str, str] = {}
+    for path, rel in inside:
+        found.setdefault(rel, path)
+    return found, outside
 
 
 class RemoteWorkspace:

@@ -1117,3 +1117,43 @@ def succeeded(result) -> dict | str:
     return json.loads(result.stdout) if result.stdout.startswith("{") else result.stdout
 
 
+
+
+def tool_call_stand_in(tool: str, arguments: dict, before=None) -> ModelStandIn:
+    """A local stand-in for an OpenAI-compatible chat API, streaming (opencode's and Copilot CLI's BYOK provider):
+    the first turn with tools asks for one call of `tool` with `arguments` (running `before()` just before, e.g.
+    to have a signal sent while the tool runs); any turn after a tool result answers "done"; a turn without
+    tools (opencode's title) answers a title."""
+
+    def chunk(delta, finish=None):
+        return "data: " + json.dumps({"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                                      "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}) + "\n\n"
+
+    def respond(raw: bytes):
+        request = json.loads(raw)
+        if not request.get("tools"):
+            out = chunk({"role": "assistant", "content": "a title"}) + chunk({}, "stop")
+        elif not any(m.get("role") == "tool" for m in request.get("messages", [])):
+            if before is not None:
+                before()
+            call = {"index": 0, "id": "call_1", "type": "function",
+                    "function": {"name": tool, "arguments": json.dumps(arguments)}}
+            out = chunk({"role": "assistant", "tool_calls": [call]}) + chunk({}, "tool_calls")
+        else:
+            out = chunk({"role": "assistant", "content": "done"}) + chunk({}, "stop")
+        return 200, "text/event-stream", (out + "data: [DONE]\n\n").encode()
+
+    return ModelStandIn(respond)
+
+
+def held_project(project, cli, harness: str):
+    """`project` (the state directory's parent) as a git repository with `harness`'s hooks installed, whose
+    src/held.py (text "one") bob, a live agent, holds; the file's path."""
+    subprocess.run(["git", "init", "-q", str(project)], check=True, capture_output=True)
+    held = project / "src" / "held.py"
+    held.parent.mkdir(exist_ok=True)
+    held.write_text("one\n")
+    cli("hooks", "install", harness, "--project-dir", project)
+    cli("start", "--agent-id", "bob")
+    cli("claim", "src/held.py", "--agent-id", "bob")
+    return held

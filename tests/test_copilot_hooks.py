@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from conftest import ModelStandIn, clean_env, require_harness, start_server, stop, synapolis_cmd
+from conftest import clean_env, held_project, require_harness, start_server, stop, synapolis_cmd, tool_call_stand_in
 from synapolis.workspace import Workspace
 
 
@@ -168,58 +168,36 @@ def test_pre_tool_use_refuses_an_edit_of_a_held_path_in_both_payload_forms(tmp_p
                                   tool_input={"command": "rm -rf src/api"})) == {}
 
 
-def copilot_stand_in(state_dir, path: str) -> ModelStandIn:
-    """An OpenAI-compatible stand-in: the first turn asks for an `edit` of `path` (and, just before, `lead` sends
-    a broadcast, which the agentStop hook then delivers); any later turn answers "done"."""
+def run_copilot(copilot, project, home, state_dir, edit_path: str) -> tuple:
+    """The real `copilot -p` in `project`, offline, its model a stand-in asking for an `edit` of `edit_path` (lead
+    broadcasts a signal just before, which agentStop then delivers): (the finished process, the stand-in)."""
+    def broadcast():
+        subprocess.run(synapolis_cmd(state_dir, "signal", "--agent-id", "lead", "*", "MARKER-33 rebase now"),
+                       capture_output=True, env=clean_env(), timeout=60)
 
-    def chunk(delta, finish=None):
-        return "data: " + json.dumps({"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m",
-                                      "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}) + "\n\n"
-
-    def respond(raw: bytes):
-        request = json.loads(raw)
-        if request.get("tools") and not any(m.get("role") == "tool" for m in request.get("messages", [])):
-            subprocess.run(synapolis_cmd(state_dir, "signal", "--agent-id", "lead", "*", "MARKER-33 rebase now"),
-                           capture_output=True, env=clean_env(), timeout=60)
-            call = {"index": 0, "id": "call_1", "type": "function", "function": {
-                "name": "edit", "arguments": json.dumps({"path": path, "old_str": "one", "new_str": "two"})}}
-            out = chunk({"role": "assistant", "tool_calls": [call]}) + chunk({}, "tool_calls")
-        else:
-            out = chunk({"role": "assistant", "content": "done"}) + chunk({}, "stop")
-        return 200, "text/event-stream", (out + "data: [DONE]\n\n").encode()
-
-    return ModelStandIn(respond)
-
-
-def run_copilot(copilot, project, home, model, state_dir):
-    return subprocess.run([copilot, "-p", "change one to two in src/held.py"], cwd=project, capture_output=True,
-                          text=True, timeout=240, stdin=subprocess.DEVNULL, env=clean_env({
-                              "HOME": str(home), "COPILOT_HOME": str(home / ".copilot"), "COPILOT_OFFLINE": "true",
-                              "COPILOT_PROVIDER_BASE_URL": model.url + "/v1", "COPILOT_PROVIDER_API_KEY": "stand-in",
-                              "COPILOT_MODEL": "m", "COPILOT_ALLOW_ALL": "true", "COPILOT_AUTO_UPDATE": "false",
-                              "SYNAPOLIS_STATE_DIR": str(state_dir)}))
+    model = tool_call_stand_in("edit", {"path": edit_path, "old_str": "one", "new_str": "two"}, before=broadcast)
+    try:
+        done = subprocess.run([copilot, "-p", "change one to two in src/held.py"], cwd=project, capture_output=True,
+                              text=True, timeout=240, stdin=subprocess.DEVNULL, env=clean_env({
+                                  "HOME": str(home), "COPILOT_HOME": str(home / ".copilot"), "COPILOT_OFFLINE": "true",
+                                  "COPILOT_PROVIDER_BASE_URL": model.url + "/v1", "COPILOT_PROVIDER_API_KEY": "stand-in",
+                                  "COPILOT_MODEL": "m", "COPILOT_ALLOW_ALL": "true", "COPILOT_AUTO_UPDATE": "false",
+                                  "SYNAPOLIS_STATE_DIR": str(state_dir)}))
+    finally:
+        model.close()
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done, model
 
 
 def test_the_real_copilot_cli_runs_the_hooks_the_guard_refuses_and_a_signal_reaches_the_model(tmp_path, state_dir,
                                                                                                cli):
     copilot = require_harness("copilot")
     project = tmp_path  # the state directory's parent: the project the claims are relative to
-    subprocess.run(["git", "init", "-q", str(project)], check=True, capture_output=True)
-    held = project / "src" / "held.py"
-    held.parent.mkdir()
-    held.write_text("one\n")
-    cli("hooks", "install", "copilot", "--project-dir", project)
+    held = held_project(project, cli, "copilot")
     cli("start", "--agent-id", "lead")
-    cli("start", "--agent-id", "bob")
-    cli("claim", "src/held.py", "--agent-id", "bob")
     home = tmp_path / "home"
     home.mkdir()
-    model = copilot_stand_in(state_dir, str(held))
-    try:
-        done = run_copilot(copilot, project, home, model, state_dir)
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    finally:
-        model.close()
+    done, model = run_copilot(copilot, project, home, state_dir, str(held))
     assert held.read_text() == "one\n"  # refused: the edit never ran
     assert "src/held.py is claimed by bob" in done.stdout + "".join(model.bodies)
     (me,) = [a for a in agents(state_dir) if a.startswith("copilot")]
@@ -232,11 +210,6 @@ def test_the_real_copilot_cli_runs_the_hooks_the_guard_refuses_and_a_signal_reac
     command = json.loads(hooks_file.read_text())["hooks"]["preToolUse"][0]["bash"]
     hooks_file.write_text(json.dumps({"version": 1, "hooks": {"PreToolUse": [
         {"type": "command", "bash": command, "timeoutSec": 10}]}}))
-    model = copilot_stand_in(state_dir, str(held))
-    try:
-        done = run_copilot(copilot, project, home, model, state_dir)
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    finally:
-        model.close()
+    done, model = run_copilot(copilot, project, home, state_dir, str(held))
     assert held.read_text() == "one\n"
     assert "src/held.py is claimed by bob" in done.stdout + "".join(model.bodies)

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from conftest import ModelStandIn, clean_env, require_harness, synapolis_cmd
+from conftest import clean_env, held_project, require_harness, synapolis_cmd, tool_call_stand_in
 
 NODE = shutil.which("node")
 pytestmark = pytest.mark.skipif(NODE is None and not os.environ.get("CI"), reason="needs node")
@@ -105,30 +105,27 @@ def test_the_plugin_registers_delivers_into_the_tool_output_once_and_goes_idle(t
     assert agents(cli)[me]["effective_status"] == "stopped"
 
 
-def openai_stand_in(state_dir) -> ModelStandIn:
-    """A local stand-in for an OpenAI-compatible chat API, streaming: the first turn with tools asks for one
-    `bash` call (and, just before, has `lead` broadcast a signal, so it arrives while the tool runs); the
-    turn after the tool's result answers "done"; a turn without tools (opencode's title) answers a title."""
+def signal_from_lead(state_dir, text):
+    """`before` for the stand-in: lead broadcasts `text`, so it arrives while the tool runs."""
+    return lambda: subprocess.run(synapolis_cmd(state_dir, "signal", "--agent-id", "lead", "*", text),
+                                  capture_output=True, env=clean_env(), timeout=60)
 
-    def chunk(delta, finish=None):
-        return "data: " + json.dumps({"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m",
-                                      "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}) + "\n\n"
 
-    def respond(raw: bytes):
-        request = json.loads(raw)
-        if not request.get("tools"):
-            out = chunk({"role": "assistant", "content": "a title"}) + chunk({}, "stop")
-        elif not any(m.get("role") == "tool" for m in request.get("messages", [])):
-            subprocess.run(synapolis_cmd(state_dir, "signal", "--agent-id", "lead", "*", "MARKER-31 rebase now"),
-                           capture_output=True, env=clean_env(), timeout=60)
-            call = {"index": 0, "id": "call_1", "type": "function", "function": {
-                "name": "bash", "arguments": json.dumps({"command": "echo hi", "description": "say hi"})}}
-            out = chunk({"role": "assistant", "tool_calls": [call]}) + chunk({}, "tool_calls")
-        else:
-            out = chunk({"role": "assistant", "content": "done"}) + chunk({}, "stop")
-        return 200, "text/event-stream", (out + "data: [DONE]\n\n").encode()
-
-    return ModelStandIn(respond)
+def run_opencode(opencode, tmp_path, project, model, state_dir, prompt):
+    """The real `opencode run PROMPT` in `project`, its model the stand-in (the provider in opencode.json)."""
+    (project / "opencode.json").write_text(json.dumps({
+        "$schema": "https://opencode.ai/config.json", "model": "standin/m",
+        "provider": {"standin": {"npm": "@ai-sdk/openai-compatible", "name": "standin",
+                                 "options": {"baseURL": model.url + "/v1", "apiKey": "stand-in"},
+                                 "models": {"m": {"name": "m"}}}}}))
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    done = subprocess.run([opencode, "run", prompt], cwd=project, capture_output=True, text=True, timeout=240,
+                          stdin=subprocess.DEVNULL,
+                          # PWD too: opencode takes its directory from it, not from the process's cwd
+                          env=clean_env({"HOME": str(home), "PWD": str(project), "SYNAPOLIS_STATE_DIR": str(state_dir)}))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done
 
 
 def test_the_real_opencode_runs_the_plugin_and_a_signal_reaches_the_model(tmp_path, cli, state_dir):
@@ -139,21 +136,10 @@ def test_the_real_opencode_runs_the_plugin_and_a_signal_reaches_the_model(tmp_pa
     subprocess.run(["git", "init", "-q", str(project)], check=True, capture_output=True)
     cli("hooks", "install", "opencode", "--project-dir", project)
     cli("start", "--agent-id", "lead")
-    model = openai_stand_in(state_dir)
+    model = tool_call_stand_in("bash", {"command": "echo hi", "description": "say hi"},
+                               before=signal_from_lead(state_dir, "MARKER-31 rebase now"))
     try:
-        (project / "opencode.json").write_text(json.dumps({
-            "$schema": "https://opencode.ai/config.json", "model": "standin/m",
-            "provider": {"standin": {"npm": "@ai-sdk/openai-compatible", "name": "standin",
-                                     "options": {"baseURL": model.url + "/v1", "apiKey": "stand-in"},
-                                     "models": {"m": {"name": "m"}}}}}))
-        home = tmp_path / "home"
-        home.mkdir()
-        done = subprocess.run([opencode, "run", "say hi"], cwd=project, capture_output=True, text=True, timeout=240,
-                              stdin=subprocess.DEVNULL,
-                              # PWD too: opencode takes its directory from it, not from the process's cwd
-                              env=clean_env({"HOME": str(home), "PWD": str(project),
-                                             "SYNAPOLIS_STATE_DIR": str(state_dir)}))
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        run_opencode(opencode, tmp_path, project, model, state_dir, "say hi")
     finally:
         model.close()
     (me,) = [a for a in agents(cli) if a.startswith("opencode")]
@@ -230,52 +216,13 @@ def test_a_plugin_committed_in_one_clone_runs_from_another_clone_elsewhere(tmp_p
     assert outputs == ["file text"] and set(agents(cli)) == before
 
 
-def edit_stand_in(path: str) -> ModelStandIn:
-    """An OpenAI-compatible stand-in whose first turn with tools asks for an `edit` of `path`; then "done"."""
-
-    def chunk(delta, finish=None):
-        return "data: " + json.dumps({"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m",
-                                      "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}) + "\n\n"
-
-    def respond(raw: bytes):
-        request = json.loads(raw)
-        if not request.get("tools"):
-            out = chunk({"role": "assistant", "content": "a title"}) + chunk({}, "stop")
-        elif not any(m.get("role") == "tool" for m in request.get("messages", [])):
-            call = {"index": 0, "id": "call_1", "type": "function", "function": {
-                "name": "edit", "arguments": json.dumps({"filePath": path, "oldString": "one", "newString": "two"})}}
-            out = chunk({"role": "assistant", "tool_calls": [call]}) + chunk({}, "tool_calls")
-        else:
-            out = chunk({"role": "assistant", "content": "done"}) + chunk({}, "stop")
-        return 200, "text/event-stream", (out + "data: [DONE]\n\n").encode()
-
-    return ModelStandIn(respond)
-
-
 def test_the_real_opencode_is_refused_an_edit_of_a_held_path(tmp_path, cli, state_dir):
     opencode = require_harness("opencode")
     project = tmp_path  # the state directory's parent: the project the claims are relative to
-    subprocess.run(["git", "init", "-q", str(project)], check=True, capture_output=True)
-    held = project / "src" / "held.py"
-    held.parent.mkdir()
-    held.write_text("one\n")
-    cli("hooks", "install", "opencode", "--project-dir", project)
-    cli("start", "--agent-id", "bob")
-    cli("claim", "src/held.py", "--agent-id", "bob")
-    model = edit_stand_in(str(held))
+    held = held_project(project, cli, "opencode")
+    model = tool_call_stand_in("edit", {"filePath": str(held), "oldString": "one", "newString": "two"})
     try:
-        (project / "opencode.json").write_text(json.dumps({
-            "$schema": "https://opencode.ai/config.json", "model": "standin/m",
-            "provider": {"standin": {"npm": "@ai-sdk/openai-compatible", "name": "standin",
-                                     "options": {"baseURL": model.url + "/v1", "apiKey": "stand-in"},
-                                     "models": {"m": {"name": "m"}}}}}))
-        home = tmp_path / "home"
-        home.mkdir()
-        done = subprocess.run([opencode, "run", "change one to two in src/held.py"], cwd=project, capture_output=True,
-                              text=True, timeout=240, stdin=subprocess.DEVNULL,
-                              env=clean_env({"HOME": str(home), "PWD": str(project),
-                                             "SYNAPOLIS_STATE_DIR": str(state_dir)}))
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        run_opencode(opencode, tmp_path, project, model, state_dir, "change one to two in src/held.py")
     finally:
         model.close()
     assert held.read_text() == "one\n"  # the edit never ran
