@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import click
 
-from .. import claims as cl
-from ..store import clock
 from . import hot
 from .common import agent_options, ago, emit, json_option, pass_workspace, table
 
@@ -49,11 +47,11 @@ def claims_cmd(ws, only_held, as_json):
 
     Example: synapolis claims --held
     """
-    from ..claim_waits import waiting
+    from .. import claims_view
+    from ..timeutil import parse_ts
 
-    now = clock(ws)
-    entries = cl.list_claims(ws, now, held_only=only_held)
-    waits = waiting(ws, now)
+    data = claims_view.claims_view(ws, held_only=only_held)  # through the team server too (§16)
+    now = parse_ts(data.pop("now"))
 
     def text(data):
         waiters = [f"{w['agent_id']} waits for {w['item']} (blocked by {', '.join(w['blocked_by'])}) since "
@@ -71,7 +69,7 @@ def claims_cmd(ws, only_held, as_json):
                          ago(e["claimed_at"], now), until])
         return [table(rows, ["ITEM", "STATE", "HOLDER", "HOLDER STATUS", "TOKEN", "CLAIMED", "LEASE"])] + waiters
 
-    emit(as_json, {"claims": entries, "waiting": waits}, text)
+    emit(as_json, data, text)
 
 
 @click.command("claim-check")
