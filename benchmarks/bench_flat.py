@@ -73,14 +73,18 @@ def p50_ms(values) -> float:
     return statistics.median(values) * 1000
 
 
-def alternate(sides: dict, runs: int, chunk: int = 5) -> dict:
-    """Run each of `sides` (name -> call(i)) `runs` times, the sides alternating in chunks; p50 ms each."""
+def alternate(sides: dict, runs: int, chunk: int = 5, prepare: dict | None = None) -> dict:
+    """Run each of `sides` (name -> call(i)) `runs` times, the sides alternating in chunks; p50 ms each.
+    `prepare` (name -> call()) runs before each call of that side, out of its timing."""
     times = {k: [] for k in sides}
+    prepare = prepare or {}
     i = 0
     for _ in range(max(1, runs // chunk)):
         for key, call in sides.items():
             for _ in range(chunk):
                 i += 1
+                if key in prepare:
+                    prepare[key]()
                 began = time.perf_counter()
                 call(i)
                 times[key].append(time.perf_counter() - began)
@@ -174,9 +178,11 @@ def monitor_curve(tmp: Path, passes: int) -> dict:
     from synapolis import monitor
     from synapolis.monitor import run_monitor
 
-    def first_pass(i):  # a process's first pass (a CLI `synapolis monitor`): nothing read before
+    def forget():  # a process's first pass (a CLI `synapolis monitor`): nothing read before, not even the
+        # monitor document the last pass wrote; what the last pass kept is freed here, out of the timing (a new
+        # process has nothing to free)
         monitor._READS.clear()
-        run_monitor(ws)
+        monitor._LAST_WRITTEN.clear()
 
     out = {}
     for files in FILE_SIZES:
@@ -186,7 +192,7 @@ def monitor_curve(tmp: Path, passes: int) -> dict:
         run_monitor(ws)
         rounds = max(3, passes * 1000 // files)
         got = alternate({"base": lambda i: json_load_all(ws.paths.heartbeats), "monitor": lambda i: run_monitor(ws),
-                         "first": first_pass}, rounds, chunk=1)
+                         "first": lambda i: run_monitor(ws)}, rounds, chunk=1, prepare={"first": forget})
         out[str(files)] = got
         shutil.rmtree(ws.paths.heartbeats, ignore_errors=True)
     return out
