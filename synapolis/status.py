@@ -242,12 +242,20 @@ def registry_window(now: datetime, config) -> tuple[str, str]:
     it would otherwise count its agent live, block tired's consensus and a restart's take-over, and
     escape the watchdog's stale flag for as long as the skew. The SQL of the store mirrors this.
     """
-    cutoff = format_ts(now - timedelta(seconds=float(config.stale_after_s)), micro=True)
+    cutoff = _micro_stamp(now - timedelta(seconds=float(config.stale_after_s)))
     try:
-        ceiling = format_ts(now + timedelta(seconds=float(config.clock_skew_s)), micro=True)
+        ceiling = _micro_stamp(now + timedelta(seconds=float(config.clock_skew_s)))
     except OverflowError:
         ceiling = _END_OF_TIME
     return cutoff, ceiling
+
+
+def _micro_stamp(moment: datetime) -> str:
+    """format_ts(moment, micro=True); for a moment in UTC, datetime's own isoformat (in C, a fifth of the time:
+    every send judges its audience against two of these)."""
+    if moment.tzinfo is UTC:
+        return moment.isoformat(timespec="microseconds")[:-6] + "Z"  # "+00:00" off the end
+    return format_ts(moment, micro=True)
 
 
 def registry_freshness(now: datetime, config):

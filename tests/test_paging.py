@@ -164,7 +164,7 @@ def test_a_schema_2_store_gets_the_broadcast_index_when_opened(ws, start_agent):
     page = actions.read_signals(ws, Who("bob", sid), env={}, now=NOW)
     assert [s["content"] for s in page["signals"]] == ["before the upgrade"]
     check = sqlite3.connect(path)
-    assert check.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 4
+    assert check.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 5
     assert check.execute("SELECT name FROM sqlite_master WHERE name = 'signals_broadcasts_by_sender'").fetchone()
     check.close()
 
@@ -326,7 +326,7 @@ def test_a_store_at_version_3_of_either_kind_is_completed(ws, start_agent, left_
     again = actions.signal(ws, Who("alice", sid), "bob", "keyed", env={}, now=NOW, idempotency_key="k1")
     assert again["replayed"] is True and again["signal"]["id"] == sent["signal"]["id"]
     check = sqlite3.connect(path)
-    assert check.execute("PRAGMA user_version").fetchone()[0] == 4
+    assert check.execute("PRAGMA user_version").fetchone()[0] == 5
     names = {row[0] for row in check.execute("SELECT name FROM sqlite_master")}
     assert {"signals_broadcasts_by_sender", "signals_by_key", "note_keys"} <= names
     check.close()
