@@ -169,6 +169,24 @@ def test_a_schema_2_store_gets_the_broadcast_index_when_opened(ws, start_agent):
     check.close()
 
 
+
+def test_a_schema_4_store_gets_the_liveness_index_and_broadcasts_through_it(ws, start_agent):
+    """A session.db of schema 4 (no agents_by_liveness) is migrated when opened, and a broadcast's audience is
+    then read from that index: the query plan says so, and the answer lists every recipient."""
+    from synapolis.store.sqlite_audience import _LIVE_IDS, _WAITING_ROWS
+
+    sid, path = older_store(ws, start_agent, 4, "DROP INDEX agents_by_liveness")
+    start_agent("carol", session_id=sid)
+    heard = actions.signal(ws, Who("alice", sid), "*", "after the upgrade", env={}, now=NOW)["audience"]
+    assert heard == {"live": ["bob", "carol"], "waiting": [], "waiting_status": {}}
+    check = sqlite3.connect(path)
+    assert check.execute("PRAGMA user_version").fetchone()[0] == 5
+    assert check.execute("SELECT name FROM sqlite_master WHERE name = 'agents_by_liveness'").fetchone()
+    for sql, args in ((_LIVE_IDS.format("?"), ("a", "b", "alice")), (_WAITING_ROWS, ("a", "b"))):
+        plan = " ".join(row[3] for row in check.execute("EXPLAIN QUERY PLAN " + sql, args))
+        assert "COVERING INDEX agents_by_liveness" in plan and "SCAN agents" not in plan, plan
+    check.close()
+
 def test_read_notes_pages_back_with_before_and_a_budget(ws, start_agent):
     sid = start_agent("alice")["session_id"]
     for i in range(1, 121):

@@ -15,6 +15,7 @@ from ..atomic import bump_counter, read_counter
 from ..errors import BusyError, InternalError, NotFoundError
 from ..paths import SESSION_CHANGES
 from . import base
+from .sqlite_audience import broadcast_audience
 
 # 2: run tokens are kept as their SHA-256 (identity.hash_token), and the files are private (0600/0700)
 # 3: the broadcasts' index by sender (signals_broadcasts_by_sender), or idempotency keys (_IDEMPOTENCY_SCHEMA): two
@@ -32,7 +33,7 @@ _BROADCASTS_INDEX = ("CREATE INDEX IF NOT EXISTS signals_broadcasts_by_sender ON
 
 # Schema 5: a broadcast's audience (every registered agent, live or waiting) from this index alone: the live
 # ones are one range of it per live status, the rest the ranges around them, so a broadcast reads ids from the
-# index without touching a registration row (issue 31; _broadcast_audience)
+# index without touching a registration row (issue 31; sqlite_audience.py)
 _LIVENESS_INDEX = "CREATE INDEX IF NOT EXISTS agents_by_liveness ON agents (status, last_heartbeat, id)"
 
 # EP-0118 §3's five tables exactly as written (names, columns, CHECKs), then our additions.
@@ -236,30 +237,6 @@ def _family(agent_id: str) -> tuple[str, str]:
     return agent_id + ".", agent_id + "/"
 
 
-# A broadcast's audience (signals.audience's answer) from agents_by_liveness: the live ids as one string built
-# inside SQLite from the index ranges of the live statuses within the window (no row object per recipient; one
-# sort of the ids), then the waiting ones, usually few, from the ranges around them. The statuses are the
-# agents table's CHECK: 'active' and 'idle' live within the window, 'sleeping' and 'stale' never.
-_LIVE_IDS = ("SELECT group_concat(id, char(10)) FROM agents INDEXED BY agents_by_liveness "
-             "WHERE status IN ('active', 'idle') AND last_heartbeat >= ? AND last_heartbeat <= ? AND id NOT IN ({})")
-_WAITING_ROWS = " UNION ALL ".join(
-    f"SELECT id, status FROM agents INDEXED BY agents_by_liveness WHERE {where}"
-    for where in ("status IN ('sleeping', 'stale')", "status IN ('active', 'idle') AND last_heartbeat < ?",
-                  "status IN ('active', 'idle') AND last_heartbeat > ?",
-                  "status IN ('active', 'idle') AND last_heartbeat IS NULL"))
-
-
-def _broadcast_audience(cursor, chain: list, window: tuple) -> dict:
-    """{live, waiting, waiting_status} of a broadcast from `chain` (its sender and the agents it is a sub-agent
-    of: never in it), `window` (cutoff, ceiling) as status.registry_window gives them; ids hold no newline."""
-    cutoff, ceiling = window
-    text = cursor.execute(_LIVE_IDS.format(",".join("?" * len(chain))), (cutoff, ceiling, *chain)).fetchone()[0]
-    live = sorted(text.split("\n")) if text else []
-    waiting = sorted(row for row in cursor.execute(_WAITING_ROWS, (cutoff, ceiling)).fetchall() if row[0] not in chain)
-    return {"live": live, "waiting": [agent_id for agent_id, _state in waiting],
-            "waiting_status": {agent_id: "stale" if state in ("active", "idle") else state
-                               for agent_id, state in waiting}}
-
 def _sql_limit(limit) -> int:
     """SQLite's LIMIT: -1 (none) when unset or beyond its 64-bit integers."""
     if limit is None or int(limit) >= 2 ** 63:
@@ -389,7 +366,7 @@ class SqliteTransaction(base.Transaction):
             parts = signal["sender"].split(".")
             chain = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
             rows = None
-            heard = _broadcast_audience(cursor, chain, window) if window is not None else None
+            heard = broadcast_audience(cursor, chain, window) if window is not None else None
             if heard is None:
                 rows = cursor.execute(f"SELECT id, status, last_heartbeat FROM agents WHERE id NOT IN "
                                       f"({','.join('?' * len(chain))}) ORDER BY id", chain).fetchall()
