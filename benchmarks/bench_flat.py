@@ -5,12 +5,14 @@ scaling curves behind them:
 1. `actions.read_signals(limit=20)` with 100,000 signals in the session against 100 (<= 1.2x); curve over
    100 / 1k / 10k / 100k signals.
 2. A broadcast (`signals.send` to `*` in a write transaction) with 1,000 agents registered against 2
-   (<= 1.5x); curve over 2 / 10 / 100 / 1,000 / 10,000 agents, with the floor: reading the ids of the
-   registered agents alone (the answer names every recipient, contract §7).
+   (<= 1.5x); curve over 2 / 10 / 100 / 1,000 / 10,000 agents, with the floor: the cheapest read of the ids of
+   the registered agents alone, one string built in the database and split (the answer names every recipient,
+   contract §7).
 3. `run_monitor` over 50,000 heartbeat files against json-loading them (<= 2.0x); curve over 1k / 10k / 50k.
 4. `signals.send` in-process against a raw insert into the same table (<= 2.5x): a bare connection's
    BEGIN IMMEDIATE, INSERT, COMMIT on the same session.db (PostgreSQL: BEGIN, INSERT, COMMIT into a table
-   shaped like `signals`).
+   shaped like `signals`). SQLite's floor: the send's own statements issued on that bare connection with fixed
+   inputs (no checks, no id, no audience judged).
 
 The two sides of each comparison alternate in chunks; medians. `--load` runs two `python -c 'while 1: pass'`
 processes for the whole run (the loaded column); `--pg` adds the PostgreSQL store's rows
