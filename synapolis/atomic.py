@@ -19,7 +19,8 @@ if TYPE_CHECKING:  # annotations only: the hot paths never load pathlib (paths.S
 from .atomic_io import (_APPEND_FLAGS, _CLOEXEC, _NOFOLLOW, _NONBLOCK, MAX_READ_BYTES,  # noqa: F401
                         TEMP_PREFIX, TEMP_SUFFIX, _make_parent, atomic_write_bytes, atomic_write_json, bump_counter,
                         dumps, file_signature, is_temp_name, json_files, json_names, old_temp_files, open_regular,
-                        read_bytes, read_counter, read_json, read_json_or, restorable, sweep_temp_files)
+                        read_bytes, read_bytes_stat, read_counter, read_json, read_json_or, restorable,
+                        sweep_temp_files)
 
 if sys.platform == "win32":  # pragma: no cover - platform code lives here and nowhere else
     import msvcrt
@@ -47,6 +48,7 @@ else:
             return True
         except BlockingIOError:  # held by another; any other OSError (no locks on this filesystem) is real
             return False
+
 
 # How long a blocking lock waits (the default busy_timeout_ms): our critical sections are short, so a
 # holder past this is stuck (a stopped process, a hung disk) and the caller gets BusyError, not a hang.

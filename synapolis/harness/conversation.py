@@ -32,7 +32,8 @@ EVENT_KINDS: dict[str, dict[str, str]] = {
 
 
 # the pre-tool event of each harness: the guard's (harness.pretool), never a beat
-PRETOOL_EVENTS = {"claude-code": "PreToolUse", "gemini-cli": "BeforeTool", "codex": "PreToolUse"}
+PRETOOL_EVENTS = {"claude-code": "PreToolUse", "gemini-cli": "BeforeTool", "codex": "PreToolUse",
+                  "copilot": "PreToolUse", "opencode": "PreToolUse"}
 
 
 # harnesses whose every event but idle and end means the agent works (they have no prompt event of their own

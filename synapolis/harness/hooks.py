@@ -49,7 +49,7 @@ def handle(harness: str, raw: bytes | str, *, state_dir=None, env=None, now=None
         return result
     name = event_name(event)
     result["event"] = name
-    if name == PRETOOL_EVENTS.get(harness):  # Copilot CLI and opencode: no guard of theirs yet (a beat)
+    if name == PRETOOL_EVENTS.get(harness):
         return _pretool(harness, event, state_dir, env, result, now)
     kind = EVENT_KINDS[harness].get(name, "beat")
     if kind != "start" and isinstance(event.get("agent_id"), str) and event["agent_id"]:

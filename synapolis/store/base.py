@@ -407,6 +407,19 @@ class Store(abc.ABC):
 
         return file_log(self.ws)
 
+    # -- the guard's events (contract §15: denials, refused commits, deadlocks; guard_events.py) ----------------
+    def record_event(self, event: dict, keep: int) -> None:
+        """Keep `event`, and only the newest `keep` of them. SQLite: guard-events.jsonl (store/events_local.py)."""
+        from .events_local import record
+
+        record(self.ws, event, keep)
+
+    def recent_events(self, limit: int) -> list[dict]:
+        """The newest `limit` events kept, newest first."""
+        from .events_local import recent
+
+        return recent(self.ws, limit)
+
     def now(self):
         """The moment every comparison between agents uses: the local clock, or the server's."""
         from ..timeutil import utcnow

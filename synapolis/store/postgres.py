@@ -31,6 +31,7 @@ from datetime import timedelta, timezone
 
 from ..errors import BusyError, InternalError, NotFoundError, UsageError
 from . import base
+from .events_pg import EVENTS_SCHEMA
 
 try:
     import psycopg
@@ -46,7 +47,7 @@ except ImportError:  # pragma: no cover - exercised by a test with the driver hi
 
 # each version's script is idempotent: an upgrade runs the whole of it again (9: path claims' index and waits, or
 # idempotency keys, on two branches; 10: both, so a database either branch left at 9 is upgraded too)
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11  # 11: guard_events (store/events_pg.py)
 CONNECT_TIMEOUT_S = 5  # libpq's connect_timeout; with busy_timeout_ms the bound of §12 (at most 10 s)
 NOTIFY_CHANNEL = "synapolis_signals"
 POOL_MAX = 8  # connections of a long-lived process's pool
@@ -354,6 +355,7 @@ CREATE UNIQUE INDEX IF NOT EXISTS notes_by_key ON notes (session_id, agent_id, i
     WHERE idempotency_key IS NOT NULL;
 """
 
+SCHEMA += EVENTS_SCHEMA  # version 11
 _COLS = "s.sequence, s.id, s.timestamp, s.sender, s.recipient, s.type, s.content, s.lamport, s.reply_to"
 _UNREAD = (" AND NOT EXISTS (SELECT 1 FROM signal_reads r WHERE r.session_id = s.session_id "
            "AND r.signal_id = s.id AND r.agent_id = %s)")
@@ -1544,6 +1546,16 @@ class PostgresStore(base.Store):
 
     def incident_log(self):
         return self._json_objects("SELECT record FROM escalation_events ORDER BY seq")
+
+    def record_event(self, event, keep):
+        from .events_pg import record
+
+        record(self, event, keep)
+
+    def recent_events(self, limit):
+        from .events_pg import recent
+
+        return recent(self, limit)
 
     # -- across machines ---------------------------------------------------------------------------
     @contextlib.contextmanager

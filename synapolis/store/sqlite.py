@@ -15,11 +15,12 @@ from ..atomic import bump_counter, read_counter
 from ..errors import BusyError, InternalError, NotFoundError
 from ..paths import SESSION_CHANGES
 from . import base
+from .sqlite_audience import broadcast_audience
 
 # 2: run tokens are kept as their SHA-256 (identity.hash_token), and the files are private (0600/0700)
 # 3: the broadcasts' index by sender (signals_broadcasts_by_sender), or idempotency keys (_IDEMPOTENCY_SCHEMA): two
 #    branches each made a version 3; 4: both, each step idempotent, so a store either one left at 3 is completed
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # session.db, its -wal and -shm hold every agent's signals and (hashed) run token: only their owner may
 # read them, from the moment they exist (SQLite gives -wal and -shm the mode of the database file)
 PRIVATE_FILE = 0o600
@@ -29,6 +30,11 @@ PRIVATE_DIR = 0o700
 # it never walks the broadcasts of its own family (its own and its sub-agents', which it does not see)
 _BROADCASTS_INDEX = ("CREATE INDEX IF NOT EXISTS signals_broadcasts_by_sender ON signals (sender, sequence) "
                      "WHERE recipient = '*'")
+
+# Schema 5: a broadcast's audience (every registered agent, live or waiting) from this index alone: the live
+# ones are one range of it per live status, the rest the ranges around them, so a broadcast reads ids from the
+# index without touching a registration row (issue 31; sqlite_audience.py)
+_LIVENESS_INDEX = "CREATE INDEX IF NOT EXISTS agents_by_liveness ON agents (status, last_heartbeat, id)"
 
 # EP-0118 §3's five tables exactly as written (names, columns, CHECKs), then our additions.
 # Timestamps we write are RFC 3339 UTC with microseconds (`2026-06-02T10:09:24.123456Z`): fixed
@@ -346,43 +352,49 @@ class SqliteTransaction(base.Transaction):
     # the caller's row, the token, the insert, the caller's clock; a refusal before anything is written
     offers_send_signal = sqlite3.sqlite_version_info >= (3, 35, 0)  # RETURNING; older: one operation each
 
-    def send_signal(self, signal, *, caller, candidates, rate, moment):
+    judges_audience = True  # send_signal takes the live window and answers a broadcast's audience itself
+
+    def send_signal(self, signal, *, caller, candidates, rate, moment, window=None):
         conn = self.conn
+        heard = None
+        # plain tuples, not sqlite3.Row, for every row read here: what signals.audience reads as it is
+        cursor = conn.cursor()
+        cursor.row_factory = None
         if candidates is None:
             # a broadcast reaches everyone but the sender and the agents it is a sub-agent of: its own
             # chain of ids, excluded by the primary key; only the three fields the audience reads
             parts = signal["sender"].split(".")
             chain = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
-            # plain tuples, not sqlite3.Row: a broadcast reads every registered agent (signals.audience takes both)
-            cursor = conn.cursor()
-            cursor.row_factory = None
-            rows = cursor.execute(f"SELECT id, status, last_heartbeat FROM agents WHERE id NOT IN "
-                                  f"({','.join('?' * len(chain))}) ORDER BY id", chain).fetchall()
-            mine = conn.execute("SELECT lamport FROM agents WHERE id = ?", (caller,)).fetchone() if caller else None
+            rows = None
+            heard = broadcast_audience(cursor, chain, window) if window is not None else None
+            if heard is None:
+                rows = cursor.execute(f"SELECT id, status, last_heartbeat FROM agents WHERE id NOT IN "
+                                      f"({','.join('?' * len(chain))}) ORDER BY id", chain).fetchall()
+            mine = cursor.execute("SELECT lamport FROM agents WHERE id = ?", (caller,)).fetchone() if caller else None
         else:
             wanted = candidates if caller is None or caller in candidates else [*candidates, caller]
-            found = conn.execute("SELECT id, status, last_heartbeat, lamport FROM agents WHERE id IN "
-                                 f"({','.join('?' * len(wanted))}) ORDER BY id", wanted).fetchall()
-            rows = [r for r in found if r["id"] in candidates]
+            found = cursor.execute("SELECT id, status, last_heartbeat, lamport FROM agents WHERE id IN "
+                                   f"({','.join('?' * len(wanted))}) ORDER BY id", wanted).fetchall()
+            rows = [r[:3] for r in found if r[0] in candidates]
             if not rows:
                 return {"refused": "recipient"}
-            mine = next((r for r in found if r["id"] == caller), None)
+            mine = next((r for r in found if r[0] == caller), None)
         if caller is not None and mine is None:
             return {"refused": "caller"}
         if rate is not None:
             # the bucket refilled to `moment` and one token spent in one statement; none returned: empty
             spent = None
             if rate >= 1.0:  # a smaller rate never holds a whole token (the config's is a whole number >= 1)
-                spent = conn.execute(_SPEND_TOKEN, (caller, rate - 1.0, moment, rate, moment, rate / 60.0, moment,
-                                                    rate, moment, rate / 60.0)).fetchone()
+                spent = cursor.execute(_SPEND_TOKEN, (caller, rate - 1.0, moment, rate, moment, rate / 60.0, moment,
+                                                      rate, moment, rate / 60.0)).fetchone()
             if spent is None:
                 row = self.rate_bucket(caller)
                 tokens = rate if row is None else min(rate, row["tokens"] + max(0.0, moment - row["updated_at"])
                                                       * rate / 60.0)
                 return {"refused": "rate", "tokens": tokens}
-        lamport = (int(mine["lamport"]) if caller is not None else self.max_lamport()) + 1
+        lamport = (int(mine[-1]) if caller is not None else self.max_lamport()) + 1  # the row's last field
         signal = dict(signal, lamport=lamport)
-        return {"sequence": self.insert_signal(signal, caller), "lamport": lamport, "rows": rows}
+        return {"sequence": self.insert_signal(signal, caller), "lamport": lamport, "rows": rows, "audience": heard}
 
     def _count_change(self) -> None:
         """Bump the change counter before the commit, under the write lock: whoever reads the counter and then
@@ -709,6 +721,8 @@ class SessionStore(base.SessionStore):
                 for statement in _statements(_IDEMPOTENCY_SCHEMA):
                     if not (has_key and statement.lstrip().startswith("ALTER TABLE")):
                         conn.execute(statement)  # (has_key: a store marked older than it is)
+            if version < 5:
+                conn.execute(_LIVENESS_INDEX)
             if version < SCHEMA_VERSION:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         if migrating:
