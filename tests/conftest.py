@@ -76,7 +76,9 @@ def no_postgres(reason: str):
 @pytest.fixture(scope="session")
 def pg_server():
     """(admin URL, cluster dir or None): $SYNAPOLIS_TEST_PG_URL, else a throwaway server started with
-    scripts/synapolis-test-postgres for this run (stopped at the end)."""
+    scripts/synapolis-test-postgres for this run (stopped at the end). Under pytest-xdist each worker is a
+    session of its own: the workers share the server of $SYNAPOLIS_TEST_PG_URL, or each starts its own (a
+    fresh folder, a free port); either way every test makes its own database (`pg_url`)."""
     url = os.environ.get("SYNAPOLIS_TEST_PG_URL")
     try:
         import psycopg  # noqa: F401
