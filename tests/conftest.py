@@ -244,20 +244,11 @@ def wait_until(predicate, deadline_s: float = 20, what: str | None = None, inter
 
 
 async def wait_until_async(predicate, deadline_s: float = 20, what: str | None = None, interval_s: float = 0.02):
-    """`wait_until` inside an event loop (anyio): the same poll and the same failure, the loop running in
-    between (so the tasks the test waits on go on)."""
-    import time
-
+    """`wait_until` inside an event loop (anyio): the same poll and the same failure, in a worker thread, so the
+    loop runs on meanwhile (the tasks the test waits on go on); `predicate` must be safe to call from there."""
     import anyio
 
-    deadline = time.monotonic() + deadline_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            pytest.fail(f"waited {deadline_s:g} s for {what or getattr(predicate, '__name__', 'a condition')}")
-        await anyio.sleep(interval_s)
+    return await anyio.to_thread.run_sync(lambda: wait_until(predicate, deadline_s, what, interval_s))
 
 
 def processes_running(*words) -> list[int]:
