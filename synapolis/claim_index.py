@@ -21,7 +21,8 @@ from __future__ import annotations
 import os
 from datetime import datetime
 
-from .pathpatterns import compile_pattern, is_name, literal_prefix, matches, overlaps_compiled, prefixes_of
+from .names import is_name
+from .pathpatterns import compile_pattern, literal_prefix, matches, overlaps_compiled, prefixes_of
 
 INDEX_FILE = "claims-index.json"
 INDEX_VERSION = 1
@@ -114,7 +115,7 @@ def _scan_items(ws) -> dict:
     """{item: prefix} of every unreleased path claim, from the claim files themselves (no pathlib: a claim's
     first use of the index runs this)."""
     from .atomic import json_names, read_json
-    from .claims import _is_record
+    from .rules.claims import _is_record
 
     out = {}
     folder = ws.files.claims
@@ -184,7 +185,7 @@ def file_records(ws, items) -> dict:
 # --- the questions ---------------------------------------------------------------------------------
 
 def _held(record: dict, now: datetime) -> bool:
-    from .claims import claim_state
+    from .rules.claims import claim_state
 
     return claim_state(record, now) == "held"
 
@@ -193,10 +194,8 @@ def holders_of(ws, rel_paths: list[str], now: datetime) -> dict[str, list[dict]]
     """{path: [records of claims held at `now` whose pattern matches it]} for normalised project-relative
     paths (lower-cased when the project's file system ignores case)."""
     from .project import project_of
-    from .store import store_for
-
     _root, fold = project_of(ws)
-    store = store_for(ws)
+    store = ws.store
     keys = {path: prefixes_of(path.lower()) for path in rel_paths}
     wanted = sorted({p for ps in keys.values() for p in ps})
     candidates = store.path_claim_candidates(wanted)
