@@ -36,6 +36,14 @@ class Workspace:
         return self.paths.root
 
     @property
+    def store(self):
+        """This state directory's store (store.store_for): what a module below the verbs (status) is handed
+        instead of importing the store package."""
+        from .store import store_for
+
+        return store_for(self)
+
+    @property
     def files(self) -> StateFiles:
         """Every file name as a plain str, for the hot paths (no pathlib)."""
         return self.paths.files
