@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from ..names import is_name
-from ..pathpatterns import literal_prefix, prefixes_of
 from ..timeutil import parse_ts
+
+# pathpatterns is imported by the two functions that need it: a name's claim never loads the path machinery
 
 
 def is_claim_record(doc, item: str | None = None) -> bool:
@@ -28,11 +29,15 @@ def is_claim_record(doc, item: str | None = None) -> bool:
 def index_prefix(item: str) -> str:
     """The key of a path claim in the index: its literal prefix, lower-cased (a superset when the file system
     heeds case; exact matching comes after)."""
+    from ..pathpatterns import literal_prefix
+
     return literal_prefix(item).lower()
 
 
 def lines_of(prefix: str) -> list[str]:
     """The prefixes a pattern with this prefix may overlap, at or above it: "" and each leading run."""
+    from ..pathpatterns import prefixes_of
+
     return prefixes_of(prefix) if prefix else [""]
 
 
