@@ -21,7 +21,7 @@ from .errors import ConflictError
 from .timeutil import format_ts, parse_ts
 
 # the SQLite store's book (store/local/waits.py), re-exported where it always was
-from .store.local.waits import BOOK_FILE, BOOK_VERSION, FileWaitBook, read_file_waits  # noqa: E402,F401
+from .store.local.waits import BOOK_FILE, BOOK_VERSION, FileWaitBook, read_file_waits  # noqa: F401
 
 
 def stale_wait_s(config) -> float:

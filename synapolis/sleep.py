@@ -7,10 +7,10 @@ import json
 from datetime import datetime
 
 from .errors import UsageError
-from .names import check_limit, validate_agent_id
-from .store.ledger import LedgerHoldings, moment as _moment, new_ledger_lines, normalise  # noqa: F401
+from .names import check_limit, normalise_memory as normalise, validate_agent_id
+from .store.ledger import LedgerHoldings, new_ledger_lines  # noqa: F401
 from .store.local.ledger import LedgerReader, append_to_ledger, read_ledger  # noqa: F401
-from .timeutil import format_ts, parse_ts
+from .timeutil import created_moment as _moment, format_ts, parse_ts
 
 LEDGER_SCHEMA_VERSION = 1
 MAX_INPUT_BYTES = 4 * 1024 * 1024   # a whole --memories document

@@ -2,26 +2,9 @@
 
 from __future__ import annotations
 
-import unicodedata
-from datetime import datetime
-
-from ..timeutil import parse_ts, utcnow
-
-
-def normalise(text: str) -> str:
-    """The form duplicates are found by: NFC, case-folded, white-space runs made one space, trimmed."""
-    return " ".join(unicodedata.normalize("NFC", text).casefold().split())
-
-
-def moment(entry) -> datetime:
-    """When a memory or a ledger line was made (its `created_at`); the earliest moment when it has none."""
-    value = entry.get("created_at")
-    if isinstance(value, datetime):
-        return value
-    try:
-        return parse_ts(value)
-    except (TypeError, ValueError):
-        return datetime.min.replace(tzinfo=utcnow().tzinfo)
+# the ground's (sleep's merge judges memories by the same two): a ledger line's norm and its moment
+from ..names import normalise_memory as normalise
+from ..timeutil import created_moment as moment
 
 
 class LedgerHoldings:
