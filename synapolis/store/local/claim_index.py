@@ -56,8 +56,6 @@ def read_file_index(ws, fresh: bool = False) -> dict | None:
     return items
 
 
-
-
 def _scan_items(ws) -> dict:
     """{item: prefix} of every unreleased path claim, from the claim files themselves (no pathlib: a claim's
     first use of the index runs this)."""

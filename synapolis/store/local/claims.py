@@ -18,6 +18,7 @@ _PREFIX = 110
 _SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 PATHS_LOCK = "claim-paths"  # .locks/claim-paths.lock: held by every change of a path claim
 
+
 def encode_item(item: str) -> str:
     """The file-name stem of a (validated) item: percent-encoding of everything outside [A-Za-z0-9_.-].
 
@@ -197,7 +198,6 @@ def _repair(log: JsonlLog, record: dict | None, last) -> None:
         log.append({**_event_of(record, last), "recovered": True})
 
 
-
 class FileSlot:
     """One item's claim on the SQLite store (files): `claims/<item>.json` and `claims.jsonl`, held under
     the item's file lock. The PostgreSQL store has the same shape (store/postgres/claims.py, ClaimSlot)."""
@@ -303,7 +303,6 @@ def file_documents(ws):
             yield None, path.name, str(exc)
             continue
         yield doc, path.name, "does not look like a claim record"
-
 
 
 def _claim_files(ws):

@@ -48,7 +48,6 @@ def _is_busy(exc: BaseException) -> bool:
     return "locked" in text or "busy" in text
 
 
-
 class SessionStore(base.SessionStore):
     """An open connection to one session's database; use `write()` and `read()` for transactions."""
 
@@ -233,4 +232,3 @@ class _InTransaction:
             store._lock.release()
         if kind is not None and issubclass(kind, sqlite3.Error):
             store._raise(value)
-

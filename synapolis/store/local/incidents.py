@@ -29,7 +29,6 @@ def load_incidents(paths) -> dict:
     return found
 
 
-
 def _record(paths, changed: dict, records: list) -> None:
     """Log the events, then write the changed incident files: all of it or none (a failure takes the log
     lines back and puts the old files back, atomic.restorable). The log goes first so that even a crash
@@ -81,4 +80,3 @@ def mirror(paths, incidents: dict, records: list) -> None:
     local = load_incidents(paths)
     changed = {name: incident for name, incident in incidents.items() if local.get(name) != incident}
     _record(paths, changed, records)
-

@@ -127,7 +127,6 @@ CREATE TABLE IF NOT EXISTS note_keys
 """
 
 
-
 def create_private(path: str) -> None:
     """Create the folder (0700) and an empty database file (0600) before SQLite opens it, so the file is
     private from its first moment whatever the umask; SQLite then creates -wal and -shm with its mode."""

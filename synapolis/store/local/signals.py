@@ -34,7 +34,6 @@ def _sql_limit(limit) -> int:
     return int(limit)
 
 
-
 class SqliteSignalTransaction(base.Transaction):
     """A transaction on one session.db: its connection and its signals (SqliteTransaction adds the rest).
     `execute`/`executemany` reach the connection itself (tests and tools that inspect the SQLite file; the
@@ -322,4 +321,3 @@ class SqliteSignalTransaction(base.Transaction):
     def add_reads(self, agent_id, signal_ids, stamp):
         self.conn.executemany("INSERT OR IGNORE INTO signal_reads (signal_id, agent_id, read_at) VALUES (?, ?, ?)",
                               [(i, agent_id, stamp) for i in signal_ids])
-

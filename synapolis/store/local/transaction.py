@@ -123,4 +123,3 @@ class SqliteTransaction(SqliteSignalTransaction):
 
         row = self.conn.execute("SELECT note FROM note_keys WHERE agent_id = ? AND key = ?", (agent_id, key)).fetchone()
         return None if row is None else json.loads(row["note"])
-

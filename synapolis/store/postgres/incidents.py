@@ -6,6 +6,7 @@ import contextlib
 
 from .driver import _dump
 
+
 def _current_incidents(cur) -> dict:
     import json
 
