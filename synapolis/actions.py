@@ -617,14 +617,11 @@ def claim(ws, who: Who | None, item: str, *, ttl_s: float | None = None, wait_s:
 
 
 def _tell_deadlock(ws, agent_id: str, item: str, refused) -> None:
-    """Hand the refused wait's cycle to the notify targets (contract §15: io.synapolis.claims.deadlock)."""
-    from . import notify
+    """Record the refused wait for the dashboard and hand its cycle to the notify targets (contract §15:
+    io.synapolis.claims.deadlock); never raises (guard_events.tell)."""
+    from .guard_events import deadlock
 
-    cycle = refused.details["cycle"]
-    who = ", ".join(step["agent_id"] for step in cycle)
-    notify.emit(ws, notify.CLAIMS_DEADLOCK, item, {"agent_id": agent_id, "item": item, "cycle": cycle},
-                line=f"claim of {item} by {agent_id} refused: waiting would deadlock ({who}); "
-                     f"one of them must release: synapolis claims --json")
+    deadlock(ws, agent_id, item, refused.details["cycle"])
 
 
 def _item(ws, item):

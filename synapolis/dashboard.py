@@ -2,7 +2,8 @@
 
 `collect` is `status --json` (every agent with its effective status, age, host, task and claims; open
 incidents) plus, for each active session, its newest signals (each with who it was delivered to and who
-read it), notes, whiteboard and staged memories, and the memory ledger's newest lines. `agent_view` is one
+read it), notes, whiteboard and staged memories, the memory ledger's newest lines, and the guard's newest
+events (guard_events.py). `agent_view` is one
 agent's page: its beat history and transitions from the monitor's snapshots, its signals with their
 delivery state, its claims and notes. `Poster` sends a note or a signal as a person, or as the agent a
 pinned token is. The web page (synapolis/web/) only renders these.
@@ -10,7 +11,7 @@ pinned token is. The web page (synapolis/web/) only renders these.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from . import actions, board, overview, people, signals
 from .errors import NoIdentityError, SynapolisError, UsageError
@@ -22,6 +23,8 @@ from .timeutil import utcnow
 SIGNALS_SHOWN = 20
 NOTES_SHOWN = 20
 LEDGER_SHOWN = 20
+EVENTS_SHOWN = 50  # guard denials, refused commits and deadlocks, newest first (the store keeps 200)
+EVENTS_RECENT_S = 3600  # the title counts the events of the last hour: what happens now, not all that is kept
 RECEIPTS_SCANNED = 200  # per reader: how far back a signal's delivery state is looked up
 
 
@@ -54,7 +57,23 @@ def collect(ws, now: datetime | None = None, *, signals_shown: int = SIGNALS_SHO
     except (OSError, SynapolisError) as exc:
         data["ledger"] = []
         data["problems"].append(f"ledger: {getattr(exc, 'message', exc)}")
+    _with_events(ws, data, now)
     return data
+
+
+def _with_events(ws, data: dict, now: datetime) -> None:
+    """`events`: the guard's newest refusals (denied tool calls, refused commits, refused deadlocks), and
+    `events_recent`: how many of them happened in the last EVENTS_RECENT_S (the page's title counts them)."""
+    from .guard_events import recent
+    from .timeutil import format_ts
+
+    try:
+        data["events"] = recent(ws, EVENTS_SHOWN)
+    except (OSError, SynapolisError) as exc:
+        data["events"] = []
+        data["problems"].append(f"events: {getattr(exc, 'message', exc)}")
+    since = format_ts(now - timedelta(seconds=EVENTS_RECENT_S), micro=True)
+    data["events_recent"] = sum(1 for e in data["events"] if isinstance(e.get("at"), str) and e["at"] >= since)
 
 
 def _staged(tx) -> list[dict]:

@@ -380,7 +380,7 @@ def check_git_hook(project: Path, env=None) -> list[dict]:
         return [finding("git", FAIL, f"{found['hook']} is not executable, so git skips the claim guard",
                         f"chmod +x {shlex.quote(found['hook'])}   (or {install})")]
     try:
-        words = shlex.split(found["command"] or "")[:-2]
+        words = githook.program_words(found["command"])
     except ValueError:
         words = []
     if not words:

@@ -41,7 +41,8 @@ def guard_caller(ws, who=None, env=None, now: datetime | None = None) -> str | N
     # a run token presented is always checked: a wrong one is refused (exit 7, contract §3), as by every verb
     if token is not None or ws.config.require_run_token:
         if token is None:
-            return None
+            # a caller the transport vouched for (a token pinned to this agent, §13, §16) needs no run token
+            return agent if who is not None and who.vouched and who.agent_id == agent else None
         from .agent_call import proven
         from .identity import Caller
 
@@ -97,21 +98,14 @@ def guard(ws, who=None, paths=(), *, now: datetime | None = None, env=None) -> d
     directory's parent, else that parent). Blocked: a path matched by a claim that a live agent other than
     the caller and its sub-agents holds (with no identity, any live agent). A pure query: it refreshes nobody's
     heartbeat, delivers nothing and writes nothing."""
-    from .project import project_of, relative_path
+    from .project import project_of, split_paths
     from .store import clock
 
     paths = _check_paths(paths)
     moment = clock(ws, now)
     caller = guard_caller(ws, who, env, moment)
-    root, fold = project_of(ws)
-    inside: list[tuple[str, str]] = []
-    outside: list[str] = []
-    for path in paths:
-        rel = relative_path(path, root, fold)
-        if rel is None:
-            outside.append(path)
-        else:
-            inside.append((path, rel))
+    root, _fold = project_of(ws)
+    inside, outside = split_paths(ws, paths)
     blocked: list[dict] = []
     if inside:
         held = blocking(ws, caller, sorted({rel for _path, rel in inside}), moment)

@@ -105,6 +105,20 @@ def relative_path(path: str, root: str, fold: bool = False) -> str | None:
     return out.lower() if fold else out
 
 
+def split_paths(ws, paths) -> tuple[list[tuple[str, str]], list[str]]:
+    """([(path, its project-relative form)] for each of `paths` inside `ws`'s project, [the others]), in order."""
+    root, fold = project_of(ws)
+    inside: list[tuple[str, str]] = []
+    outside: list[str] = []
+    for path in paths:
+        rel = relative_path(path, root, fold)
+        if rel is None:
+            outside.append(path)
+        else:
+            inside.append((path, rel))
+    return inside, outside
+
+
 def normalize_item(ws, item: str) -> str:
     """A claim item as the store keeps it: a name as given; a path pattern with `./` and duplicate slashes
     dropped and an absolute path inside the project made relative (outside it: UsageError); a literal path

@@ -21,11 +21,24 @@ ENV_TOKEN = "SYNAPOLIS_TOKEN"
 CONNECT_TIMEOUT_S = 10.0
 # the verbs a machine without the store has, by CLI name; the rest work beside the store
 CLI_VERBS = ("start", "beat", "signal", "read-signals", "ack-signals", "signals-pending", "note", "read-notes",
-             "list-agents", "whiteboard-write", "whiteboard-read", "claim", "release", "claim-check", "tired",
-             "status", "doctor", "hook", "hooks")
+             "list-agents", "whiteboard-write", "whiteboard-read", "claim", "release", "claims", "claim-check",
+             "guard", "tired", "memories", "escalations", "status", "doctor", "hook", "hooks")
 # library functions (actions.*) the server runs for /api/call/<name>
 ACTION_VERBS = ("start", "beat", "signal", "read_signals", "ack_signals", "signals_pending", "note", "read_notes",
-                "list_agents", "whiteboard_write", "whiteboard_read", "claim", "release", "claim_check")
+                "list_agents", "whiteboard_write", "whiteboard_read", "claim", "release", "claim_check", "guard")
+# the verbs that stay beside the store, and why (docs/API.md, "Verbs that stay beside the store")
+LOCAL_ONLY = {
+    "init": "nothing to set up here (the verbs make this machine's own files as they need them); run it there",
+    "tokens": "tokens are the server's; run it on the server's machine",
+    "serve": "a server of its own would serve this machine's store; unset SYNAPOLIS_SERVER to run one",
+    "mcp": "a harness speaks MCP to the server itself: {url}/mcp with the token as its bearer (docs/MCP.md)",
+    "monitor": "the monitor runs where the heartbeats and the store are: on the server's machine",
+    "escalate": "escalation runs beside the store (the watchdog's cron on the server's machine)",
+    "watchdog": "the watchdog's cron runs beside the store, on the server's machine",
+    "notify": "the notify targets are the server's configuration; run it on the server's machine",
+}
+FOLLOW_WAIT_S = 10.0  # one long-poll of `read-signals --follow`; the server answers at once when a signal comes
+FOLLOW_RETRIES = 3    # reconnects in a row before a follower gives up (exit 8), backing off 0.5, 1, 2 s
 
 
 class Target:
@@ -314,6 +327,11 @@ def make_verbs(t: Target, env=None) -> dict:
         return answer
 
     def tired(ws, who=None, **kwargs):
+        if kwargs.get("memories") is not None:
+            from .sleep import coerce_memories
+
+            # checked here (bad input is exit 2 before anything is sent), and sent as the JSON list it is
+            kwargs["memories"] = coerce_memories(kwargs["memories"])
         return call(t, "tired", {"who": _identity(ws, who, env), "args": [], "kwargs": _clean(kwargs)},
                     extra_s=t.busy_s)
 
@@ -323,13 +341,68 @@ def make_verbs(t: Target, env=None) -> dict:
             raise _error_from(t, status, data)
         return json.loads(data)
 
-    def follow_signals(*args, **kwargs):
-        raise UsageError("read-signals --follow needs the store; through the server, poll with "
-                         "`synapolis signals-pending` (or let the hooks deliver)")
+    def follow_signals(ws, who=None, *, unread_only: bool = True, limit=None, **_ignored):
+        """As actions.follow_signals: the caller's signals, then each new one, as long-polls of the server's
+        `/api/call/follow`; the server away for FOLLOW_RETRIES reconnects in a row is BusyError (exit 8)."""
+        import time
+
+        first = verbs["read_signals"](ws, who, unread_only=unread_only, limit=limit)
+        yield from first["signals"]
+        last = max([s["sequence"] for s in first["signals"]] + [first.get("latest_sequence") or 0])
+        me = _identity(ws, who, env)
+        if first.get("agent_id"):  # as the server resolved it: the same agent on every poll
+            me.update(agent_id=first["agent_id"], session_id=first.get("session_id") or me["session_id"])
+        failures = 0
+        while True:
+            kwargs = {"unread_only": unread_only, "after": last, "limit": limit, "wait_s": FOLLOW_WAIT_S}
+            try:
+                answer = call(t, "follow", {"who": me, "kwargs": kwargs}, extra_s=FOLLOW_WAIT_S)
+            except BusyError:
+                failures += 1
+                if failures > FOLLOW_RETRIES:
+                    raise
+                time.sleep(0.25 * 2 ** failures)
+                continue
+            failures = 0
+            for item in answer.get("signals") or []:
+                if item["sequence"] > last:
+                    last = item["sequence"]
+                    yield item
+
+    def guard(ws, who=None, paths=(), **kwargs):
+        """The guard asked of the server for this machine's project-relative paths (only those travel); each
+        blocked path named as it was given here, the paths outside the project answered here."""
+        from .guard import _check_paths
+
+        inside, outside = relative_paths(ws, _check_paths(paths))
+        answer = acting("guard")(ws, who, list(inside), **kwargs)
+        for b in answer.get("blocked") or []:
+            b["path"] = inside.get(b.get("path"), b.get("path"))
+        answer["outside"] = outside + list(answer.get("outside") or [])
+        return answer
+
+    def plain(name):
+        def verb(ws, *args, **kwargs):  # acts as nobody: no identity is sent
+            return call(t, name, {"args": list(args), "kwargs": _clean(kwargs)})
+        return verb
 
     verbs = {name: acting(name) for name in ACTION_VERBS if name != "start"}
-    verbs.update(start=start, tired=tired, collect=collect, follow_signals=follow_signals)
+    verbs.update(start=start, tired=tired, collect=collect, follow_signals=follow_signals, guard=guard,
+                 claims_view=plain("claims"), memories=plain("memories"), list_incidents=plain("escalations"),
+                 ack=plain("escalations_ack"))
     return verbs
+
+
+def relative_paths(ws, paths) -> tuple[dict[str, str], list[str]]:
+    """({project-relative path: the path as given} for the paths inside this machine's project, [the others]).
+    A sandbox's clone and the team's checkout share project-relative paths, never absolute ones."""
+    from .project import split_paths
+
+    inside, outside = split_paths(ws, paths)
+    found: dict[str, str] = {}
+    for path, rel in inside:
+        found.setdefault(rel, path)
+    return found, outside
 
 
 class RemoteWorkspace:
@@ -368,9 +441,11 @@ def activate(ws, verb: str | None, env=None):
     t = target(ws.config, env)
     if t is None:
         return ws
-    if (verb or "").split(" ")[0] not in CLI_VERBS:
+    name = (verb or "").split(" ")[0]
+    if name not in CLI_VERBS:
+        why = LOCAL_ONLY.get(name, "").format(url=t.url.rstrip("/"))
         raise UsageError(f"`synapolis {verb}` works beside the store, and this machine goes through the server "
-                         f"{t.where} ({ENV_SERVER}): run it there")
+                         f"{t.where} ({ENV_SERVER}): {why or 'run it there'}")
     from . import actions
 
     verbs = make_verbs(t, env)
@@ -384,4 +459,16 @@ def activate(ws, verb: str | None, env=None):
         from . import overview
 
         overview.collect = verbs["collect"]
+    elif verb == "claims":
+        from . import claims_view
+
+        claims_view.claims_view = verbs["claims_view"]
+    elif verb == "memories":
+        from . import sleep
+
+        sleep.memories = verbs["memories"]
+    elif (verb or "").startswith("escalations"):
+        from . import escalation
+
+        escalation.list_incidents, escalation.ack = verbs["list_incidents"], verbs["ack"]
     return RemoteWorkspace(ws, t).ensure()

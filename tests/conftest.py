@@ -48,7 +48,8 @@ def configure(ws, **values):
 # file itself is marked `sqlite_only`.
 BOTH_STORES = {"test_signals", "test_store_pool", "test_delivery", "test_sleep", "test_sessions", "test_board", "test_signals_processes", "test_store",
                "test_claims", "test_mcp", "test_mcp_identity",
-               "test_people", "test_guard", "test_retries", "test_pretool", "test_remote"}
+               "test_people", "test_guard", "test_retries", "test_pretool", "test_remote", "test_guard_events",
+               "test_remote_guard", "test_remote_follow"}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PG_SCRIPT = os.path.join(ROOT, "scripts", "synapolis-test-postgres")
 
@@ -1069,3 +1070,133 @@ class ModelStandIn:
     def close(self):
         self.server.shutdown()
         self.server.server_close()
+
+
+# -- a harness's pre-tool hook, as a real process (contract §14) -------------------------------------------
+
+def claude_edit(project, rel: str, conversation: str = "conv-of-bob-0001") -> str:
+    """Claude Code's PreToolUse event for an Edit of `rel` under `project` (as its docs give it)."""
+    return json.dumps({"session_id": conversation, "hook_event_name": "PreToolUse", "cwd": str(project),
+                       "transcript_path": "/tmp/t.jsonl", "permission_mode": "default", "tool_use_id": "toolu_01",
+                       "tool_name": "Edit", "tool_input": {"file_path": str(project / rel), "old_string": "a",
+                                                          "new_string": "b"}})
+
+
+def hook_denies(state_dir, project, rel: str, conversation: str = "conv-of-bob-0001") -> dict:
+    """Run the console script `synapolis hook claude-code` on an edit of `rel`; its answer, which must deny."""
+    done = subprocess.run(synapolis_cmd(state_dir, "hook", "claude-code"), input=claude_edit(project, rel, conversation),
+                          capture_output=True, text=True, env=clean_env(), timeout=60)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    answer = json.loads(done.stdout)
+    assert answer["hookSpecificOutput"]["permissionDecision"] == "deny", answer
+    return answer
+
+
+def refuse_a_deadlock(state_dir) -> subprocess.CompletedProcess:
+    """alice holds ticket:1 and waits (a real `claim --wait` process) for bob's ticket:2; bob's own wait for
+    ticket:1 (a second real process, --json) would close the cycle and is refused: its finished process."""
+    def waits(agent, item, *more):
+        return subprocess.Popen(synapolis_cmd(state_dir, "claim", item, "--agent-id", agent, "--wait", "60", *more),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
+
+    alice = waits("alice", "ticket:2")
+    try:
+        def alice_waits():
+            listed = subprocess.run(synapolis_cmd(state_dir, "claims", "--json"), capture_output=True, text=True,
+                                    env=clean_env(), timeout=30)
+            return [w for w in json.loads(listed.stdout)["waiting"] if w["agent_id"] == "alice"]
+        wait_until(alice_waits, 30, "alice recorded as a waiter")
+        bob = waits("bob", "ticket:1", "--json")
+        out, err = bob.communicate(timeout=30)
+        return subprocess.CompletedProcess(bob.args, bob.returncode, out, err)
+    finally:
+        alice.kill()
+        alice.wait(timeout=10)
+
+
+# -- the remote mode (contract §16): a team server and a sandbox that has only its URL and a token ----------
+
+# what a sandbox's state directory may hold: its own files, nothing of a store
+SANDBOX_OWN = {"identity.json", "heartbeats", "hooks", ".locks"}
+
+
+class Team(Served):
+    """The team's server (a real `synapolis serve` on the test's state directory) and a sandbox beside it."""
+
+    def __init__(self, server_dir, sandbox_dir, url, proc, cli):
+        super().__init__(proc, url, server_dir, cli)
+        self.server_dir, self.sandbox_dir = server_dir, sandbox_dir
+
+    def here(self, *args, input=None, env=None):
+        """A CLI call on the server's machine (beside the store)."""
+        return self._cli(*args, input=input, env=env)
+
+    def there(self, token, *args, input=None, env=None, server=None, timeout=60):
+        """A CLI call in the sandbox: only SYNAPOLIS_SERVER and SYNAPOLIS_TOKEN."""
+        extra = {"SYNAPOLIS_SERVER": server or self.url}
+        if token is not None:
+            extra["SYNAPOLIS_TOKEN"] = token
+        extra.update(env or {})
+        return subprocess.run(synapolis_cmd(self.sandbox_dir, *args), input=input, capture_output=True,
+                              text=True, timeout=timeout, env=clean_env(extra))
+
+    def sandbox_holds(self) -> set:
+        return set(os.listdir(self.sandbox_dir)) if os.path.isdir(self.sandbox_dir) else set()
+
+
+@pytest.fixture
+def team(ws, tmp_path, cli):
+    """A real `synapolis serve` on the test's state directory (`ws`: SQLite or PostgreSQL) and a sandbox."""
+    proc, url = start_server(ws.root)
+    try:
+        yield Team(ws.root, tmp_path / "sandbox" / "state", url, proc, cli)
+    finally:
+        stop(proc)
+
+
+def succeeded(result) -> dict | str:
+    """A CLI run's output (its JSON object, or its text) once it exited 0."""
+    assert result.returncode == 0, (result.returncode, result.stderr)
+    return json.loads(result.stdout) if result.stdout.startswith("{") else result.stdout
+
+
+
+
+def tool_call_stand_in(tool: str, arguments: dict, before=None) -> ModelStandIn:
+    """A local stand-in for an OpenAI-compatible chat API, streaming (opencode's and Copilot CLI's BYOK provider):
+    the first turn with tools asks for one call of `tool` with `arguments` (running `before()` just before, e.g.
+    to have a signal sent while the tool runs); any turn after a tool result answers "done"; a turn without
+    tools (opencode's title) answers a title."""
+
+    def chunk(delta, finish=None):
+        return "data: " + json.dumps({"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                                      "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}) + "\n\n"
+
+    def respond(raw: bytes):
+        request = json.loads(raw)
+        if not request.get("tools"):
+            out = chunk({"role": "assistant", "content": "a title"}) + chunk({}, "stop")
+        elif not any(m.get("role") == "tool" for m in request.get("messages", [])):
+            if before is not None:
+                before()
+            call = {"index": 0, "id": "call_1", "type": "function",
+                    "function": {"name": tool, "arguments": json.dumps(arguments)}}
+            out = chunk({"role": "assistant", "tool_calls": [call]}) + chunk({}, "tool_calls")
+        else:
+            out = chunk({"role": "assistant", "content": "done"}) + chunk({}, "stop")
+        return 200, "text/event-stream", (out + "data: [DONE]\n\n").encode()
+
+    return ModelStandIn(respond)
+
+
+def held_project(project, cli, harness: str):
+    """`project` (the state directory's parent) as a git repository with `harness`'s hooks installed, whose
+    src/held.py (text "one") bob, a live agent, holds; the file's path."""
+    subprocess.run(["git", "init", "-q", str(project)], check=True, capture_output=True)
+    held = project / "src" / "held.py"
+    held.parent.mkdir(exist_ok=True)
+    held.write_text("one\n")
+    cli("hooks", "install", harness, "--project-dir", project)
+    cli("start", "--agent-id", "bob")
+    cli("claim", "src/held.py", "--agent-id", "bob")
+    return held

@@ -3,7 +3,9 @@ at agentStop (the one event whose answer Copilot's command hooks feed the model)
 
 The payloads are the ones of Copilot's CLI hooks reference (docs.github.com, "GitHub Copilot CLI hooks
 reference"): camelCase events send camelCase fields and no event name; PascalCase events the VS Code form.
-The CLI itself needs a GitHub sign-in to start a session, so it is not run here.
+The real Copilot CLI (`@github/copilot`, $SYNAPOLIS_TEST_COPILOT) runs without a GitHub sign-in in its offline
+BYOK mode (COPILOT_OFFLINE with COPILOT_PROVIDER_BASE_URL at a local stand-in for an OpenAI-compatible API):
+it runs the installed hooks, and its guard and delivery are checked against it too.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from conftest import clean_env, start_server, stop, synapolis_cmd
+from conftest import clean_env, held_project, require_harness, start_server, stop, synapolis_cmd, tool_call_stand_in
 from synapolis.workspace import Workspace
 
 
@@ -145,3 +147,69 @@ def test_copilot_hooks_through_the_team_server(state_dir, cli, tmp_path):
         assert not (sandbox / "sessions").exists() and not (sandbox / "claims").exists()
     finally:
         stop(proc)
+
+
+def test_pre_tool_use_refuses_an_edit_of_a_held_path_in_both_payload_forms(tmp_path, state_dir, cli):
+    cli("start", "--agent-id", "bob")
+    cli("claim", "src/api/**", "--agent-id", "bob")
+    held = str(tmp_path / "src" / "api" / "users.py")  # the project: the state directory's parent
+    for args in ({"path": held, "old_str": "a", "new_str": "b"}, json.dumps({"path": held, "file_text": "x"})):
+        answer = hook(state_dir, camel("preToolUse", cwd=str(tmp_path), toolName="edit", toolArgs=args), "preToolUse")
+        assert answer["permissionDecision"] == "deny"
+        assert "src/api/users.py is claimed by bob" in answer["permissionDecisionReason"]
+    answer = hook(state_dir, pascal("PreToolUse", cwd=str(tmp_path), tool_name="Create",
+                                    tool_input={"path": "src/api/new.py", "file_text": "x"}))
+    assert answer["hookSpecificOutput"]["permissionDecision"] == "deny"
+    assert "src/api/new.py is claimed by bob" in answer["hookSpecificOutput"]["permissionDecisionReason"]
+    # a free path, a tool that writes no file: the tool runs
+    assert hook(state_dir, camel("preToolUse", cwd=str(tmp_path), toolName="edit",
+                                 toolArgs={"path": "README.md"}), "preToolUse") == {}
+    assert hook(state_dir, pascal("PreToolUse", cwd=str(tmp_path), tool_name="bash",
+                                  tool_input={"command": "rm -rf src/api"})) == {}
+
+
+def run_copilot(copilot, project, home, state_dir, edit_path: str) -> tuple:
+    """The real `copilot -p` in `project`, offline, its model a stand-in asking for an `edit` of `edit_path` (lead
+    broadcasts a signal just before, which agentStop then delivers): (the finished process, the stand-in)."""
+    def broadcast():
+        subprocess.run(synapolis_cmd(state_dir, "signal", "--agent-id", "lead", "*", "MARKER-33 rebase now"),
+                       capture_output=True, env=clean_env(), timeout=60)
+
+    model = tool_call_stand_in("edit", {"path": edit_path, "old_str": "one", "new_str": "two"}, before=broadcast)
+    try:
+        done = subprocess.run([copilot, "-p", "change one to two in src/held.py"], cwd=project, capture_output=True,
+                              text=True, timeout=240, stdin=subprocess.DEVNULL, env=clean_env({
+                                  "HOME": str(home), "COPILOT_HOME": str(home / ".copilot"), "COPILOT_OFFLINE": "true",
+                                  "COPILOT_PROVIDER_BASE_URL": model.url + "/v1", "COPILOT_PROVIDER_API_KEY": "stand-in",
+                                  "COPILOT_MODEL": "m", "COPILOT_ALLOW_ALL": "true", "COPILOT_AUTO_UPDATE": "false",
+                                  "SYNAPOLIS_STATE_DIR": str(state_dir)}))
+    finally:
+        model.close()
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done, model
+
+
+def test_the_real_copilot_cli_runs_the_hooks_the_guard_refuses_and_a_signal_reaches_the_model(tmp_path, state_dir,
+                                                                                               cli):
+    copilot = require_harness("copilot")
+    project = tmp_path  # the state directory's parent: the project the claims are relative to
+    held = held_project(project, cli, "copilot")
+    cli("start", "--agent-id", "lead")
+    home = tmp_path / "home"
+    home.mkdir()
+    done, model = run_copilot(copilot, project, home, state_dir, str(held))
+    assert held.read_text() == "one\n"  # refused: the edit never ran
+    assert "src/held.py is claimed by bob" in done.stdout + "".join(model.bodies)
+    (me,) = [a for a in agents(state_dir) if a.startswith("copilot")]
+    # agentStop delivered lead's broadcast: the turn went on with it as its prompt, once
+    with_signal = [b for b in model.bodies if "MARKER-33 rebase now" in b]
+    assert with_signal and me in with_signal[0], model.bodies[-1][-2000:]
+    assert json.loads(cli("signals-pending", "--agent-id", me, "--json").stdout)["pending_signals"] == []
+    # the VS Code form (PascalCase events) refuses the same edit
+    hooks_file = project / ".github" / "hooks" / "synapolis.json"
+    command = json.loads(hooks_file.read_text())["hooks"]["preToolUse"][0]["bash"]
+    hooks_file.write_text(json.dumps({"version": 1, "hooks": {"PreToolUse": [
+        {"type": "command", "bash": command, "timeoutSec": 10}]}}))
+    done, model = run_copilot(copilot, project, home, state_dir, str(held))
+    assert held.read_text() == "one\n"
+    assert "src/held.py is claimed by bob" in done.stdout + "".join(model.bodies)

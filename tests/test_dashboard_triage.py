@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, stop
+from conftest import ROOT, hook_denies, stop
 from synapolis.timeutil import format_ts, utcnow
 
 pytest.importorskip("mcp")
@@ -34,7 +34,8 @@ def make_dead(state_dir, agent_id, hours=3):
 
 
 def swarm(cli, state_dir) -> str:
-    """alice (active, a claim, a signal to zed), bob (idle), zed (dead, an open incident); three monitor passes."""
+    """alice (active, a claim, a signal to zed), bob (idle), zed (dead, an open incident); three monitor passes;
+    an edit of alice's file that a Claude Code conversation's pre-tool hook denied (an event)."""
     session = json.loads(cli("start", "--agent-id", "alice", "--harness", "claude-code", "--substrate",
                              "Claude Sonnet 4.6", "--json").stdout)["session_id"]
     for agent in ("bob", "zed"):
@@ -43,6 +44,7 @@ def swarm(cli, state_dir) -> str:
     assert cli("monitor").returncode == 0
     cli("beat", "--task", "porting the parser", "--agent-id", "alice")
     assert cli("claim", "src/parser.py", "--agent-id", "alice", "--ttl", "1800").returncode == 0
+    hook_denies(state_dir, Path(state_dir).parent, "src/parser.py")
     assert cli("monitor").returncode == 0
     assert cli("signal", "--agent-id", "alice", "zed", "are you there?").returncode == 0
     assert cli("whiteboard-write", "--agent-id", "alice", "release", "v0.3 on Friday").returncode == 0
@@ -86,7 +88,9 @@ def test_the_dashboard_for_triage(served, cli, browser, tmp_path, state_dir):
     rows = page.query_selector_all("#agents tbody tr")
     assert [r.get_attribute("data-agent") for r in rows] == ["zed", "alice", "bob"]
     assert rows[0].query_selector(".badge").text_content() == "dead"
-    assert page.title() == "(1 dead, 1 incident) synapolis"
+    assert page.title() == "(1 dead, 1 incident, 1 refused in 1h) synapolis"
+    (event,) = page.query_selector_all("#events li[data-event]")
+    assert "src/parser.py" in event.text_content() and event.query_selector(".holder").text_content() == "alice"
     alice = page.query_selector('#agents tr[data-agent="alice"]').text_content()
     assert "claude-code · Claude Sonnet 4.6" in alice and "porting the parser" in alice
     assert "src/parser.py · token 1 · until " in alice and ("(in 29m)" in alice or "(in 30m)" in alice)

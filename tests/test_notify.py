@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import configure, synapolis_cmd, clean_env, wait_until
+from conftest import configure, refuse_a_deadlock, synapolis_cmd, clean_env, wait_until
 from synapolis import notify
 from synapolis.atomic import atomic_write_json, read_jsonl
 from synapolis.notify_send import deliver
@@ -232,28 +232,16 @@ def test_a_wait_refused_as_a_deadlock_is_told_as_a_cloudevent(ws, receiver, stat
         write_heartbeat(ws.paths, agent)  # live holders: a claim of a holder with no heartbeat is free
     claims.claim(ws, "ticket:1", "alice")
     claims.claim(ws, "ticket:2", "bob")
-    alice = subprocess.Popen(synapolis_cmd(state_dir, "claim", "ticket:2", "--agent-id", "alice", "--wait", "60"),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
-    try:
-        def alice_waits():
-            listed = subprocess.run(synapolis_cmd(state_dir, "claims", "--json"), capture_output=True, text=True,
-                                    env=clean_env(), timeout=30)
-            return [w for w in json.loads(listed.stdout)["waiting"] if w["agent_id"] == "alice"]
-        wait_until(alice_waits, 30, "alice recorded as a waiter")
-        bob = subprocess.run(synapolis_cmd(state_dir, "claim", "ticket:1", "--agent-id", "bob", "--wait", "60",
-                                           "--json"), capture_output=True, text=True, env=clean_env(), timeout=30)
-        assert bob.returncode == 3 and "deadlock" in bob.stderr
-        wait_until(lambda: receiver.at("/ce") and receiver.at("/slack"), 15, "the deadlock told")
-        (ce,) = receiver.at("/ce")
-        event = json.loads(ce["body"])
-        assert event["type"] == "io.synapolis.claims.deadlock" and event["subject"] == "ticket:1"
-        assert [step["agent_id"] for step in event["data"]["cycle"]] == ["bob", "alice"]
-        text = json.loads(receiver.at("/slack")[0]["body"])["text"]
-        assert "deadlock" in text and "bob" in text and "alice" in text
-        assert receiver.at("/only-incidents") == []  # the event filter
-    finally:
-        alice.kill()
-        alice.wait(timeout=10)
+    bob = refuse_a_deadlock(state_dir)
+    assert bob.returncode == 3 and "deadlock" in bob.stderr
+    wait_until(lambda: receiver.at("/ce") and receiver.at("/slack"), 15, "the deadlock told")
+    (ce,) = receiver.at("/ce")
+    event = json.loads(ce["body"])
+    assert event["type"] == "io.synapolis.claims.deadlock" and event["subject"] == "ticket:1"
+    assert [step["agent_id"] for step in event["data"]["cycle"]] == ["bob", "alice"]
+    text = json.loads(receiver.at("/slack")[0]["body"])["text"]
+    assert "deadlock" in text and "bob" in text and "alice" in text
+    assert receiver.at("/only-incidents") == []  # the event filter
 
 
 def test_an_edit_refused_by_the_harness_hook_is_told(ws, receiver, state_dir):

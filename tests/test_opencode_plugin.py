@@ -14,10 +14,11 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 
-from conftest import ModelStandIn, clean_env, require_harness, synapolis_cmd
+from conftest import clean_env, held_project, require_harness, synapolis_cmd, tool_call_stand_in
 
 NODE = shutil.which("node")
 pytestmark = pytest.mark.skipif(NODE is None and not os.environ.get("CI"), reason="needs node")
@@ -30,23 +31,28 @@ const outputs = [];
 for (const step of steps) {
   if (step.event) await hooks.event({ event: step.event });
   else {
-    const output = { title: "", output: step.output, metadata: {} };
-    await hooks[step.hook]({ tool: step.tool, sessionID: step.sessionID, callID: "c1" }, output);
-    outputs.push(output.output);
+    const output = step.hook === "tool.execute.before" ? { args: step.args ?? {} }
+      : { title: "", output: step.output, metadata: {} };
+    try {
+      await hooks[step.hook]({ tool: step.tool, sessionID: step.sessionID, callID: step.callID ?? "c1" }, output);
+      outputs.push(output.output ?? null);
+    } catch (error) {
+      outputs.push({ thrown: String(error.message) });  // how opencode is told to refuse the tool call
+    }
   }
 }
 console.log(JSON.stringify(outputs));
 """
 
 
-def drive(tmp_path, project, state_dir, steps) -> list:
+def drive(tmp_path, project, state_dir, steps, env=None) -> list:
     plugin = project / ".opencode" / "plugin" / "synapolis.js"
     as_module = tmp_path / "synapolis-plugin.mjs"  # Node takes a .js outside a "type": "module" package as CommonJS
     as_module.write_text(plugin.read_text())
     driver = tmp_path / "driver.mjs"
     driver.write_text(DRIVER)
     done = subprocess.run([NODE, str(driver), str(as_module), json.dumps(steps), str(project)], capture_output=True,
-                          text=True, timeout=120, env=clean_env({"SYNAPOLIS_STATE_DIR": str(state_dir)}))
+                          text=True, timeout=120, env=clean_env({"SYNAPOLIS_STATE_DIR": str(state_dir), **(env or {})}))
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -99,30 +105,27 @@ def test_the_plugin_registers_delivers_into_the_tool_output_once_and_goes_idle(t
     assert agents(cli)[me]["effective_status"] == "stopped"
 
 
-def openai_stand_in(state_dir) -> ModelStandIn:
-    """A local stand-in for an OpenAI-compatible chat API, streaming: the first turn with tools asks for one
-    `bash` call (and, just before, has `lead` broadcast a signal, so it arrives while the tool runs); the
-    turn after the tool's result answers "done"; a turn without tools (opencode's title) answers a title."""
+def signal_from_lead(state_dir, text):
+    """`before` for the stand-in: lead broadcasts `text`, so it arrives while the tool runs."""
+    return lambda: subprocess.run(synapolis_cmd(state_dir, "signal", "--agent-id", "lead", "*", text),
+                                  capture_output=True, env=clean_env(), timeout=60)
 
-    def chunk(delta, finish=None):
-        return "data: " + json.dumps({"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m",
-                                      "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}) + "\n\n"
 
-    def respond(raw: bytes):
-        request = json.loads(raw)
-        if not request.get("tools"):
-            out = chunk({"role": "assistant", "content": "a title"}) + chunk({}, "stop")
-        elif not any(m.get("role") == "tool" for m in request.get("messages", [])):
-            subprocess.run(synapolis_cmd(state_dir, "signal", "--agent-id", "lead", "*", "MARKER-31 rebase now"),
-                           capture_output=True, env=clean_env(), timeout=60)
-            call = {"index": 0, "id": "call_1", "type": "function", "function": {
-                "name": "bash", "arguments": json.dumps({"command": "echo hi", "description": "say hi"})}}
-            out = chunk({"role": "assistant", "tool_calls": [call]}) + chunk({}, "tool_calls")
-        else:
-            out = chunk({"role": "assistant", "content": "done"}) + chunk({}, "stop")
-        return 200, "text/event-stream", (out + "data: [DONE]\n\n").encode()
-
-    return ModelStandIn(respond)
+def run_opencode(opencode, tmp_path, project, model, state_dir, prompt):
+    """The real `opencode run PROMPT` in `project`, its model the stand-in (the provider in opencode.json)."""
+    (project / "opencode.json").write_text(json.dumps({
+        "$schema": "https://opencode.ai/config.json", "model": "standin/m",
+        "provider": {"standin": {"npm": "@ai-sdk/openai-compatible", "name": "standin",
+                                 "options": {"baseURL": model.url + "/v1", "apiKey": "stand-in"},
+                                 "models": {"m": {"name": "m"}}}}}))
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    done = subprocess.run([opencode, "run", prompt], cwd=project, capture_output=True, text=True, timeout=240,
+                          stdin=subprocess.DEVNULL,
+                          # PWD too: opencode takes its directory from it, not from the process's cwd
+                          env=clean_env({"HOME": str(home), "PWD": str(project), "SYNAPOLIS_STATE_DIR": str(state_dir)}))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done
 
 
 def test_the_real_opencode_runs_the_plugin_and_a_signal_reaches_the_model(tmp_path, cli, state_dir):
@@ -133,21 +136,10 @@ def test_the_real_opencode_runs_the_plugin_and_a_signal_reaches_the_model(tmp_pa
     subprocess.run(["git", "init", "-q", str(project)], check=True, capture_output=True)
     cli("hooks", "install", "opencode", "--project-dir", project)
     cli("start", "--agent-id", "lead")
-    model = openai_stand_in(state_dir)
+    model = tool_call_stand_in("bash", {"command": "echo hi", "description": "say hi"},
+                               before=signal_from_lead(state_dir, "MARKER-31 rebase now"))
     try:
-        (project / "opencode.json").write_text(json.dumps({
-            "$schema": "https://opencode.ai/config.json", "model": "standin/m",
-            "provider": {"standin": {"npm": "@ai-sdk/openai-compatible", "name": "standin",
-                                     "options": {"baseURL": model.url + "/v1", "apiKey": "stand-in"},
-                                     "models": {"m": {"name": "m"}}}}}))
-        home = tmp_path / "home"
-        home.mkdir()
-        done = subprocess.run([opencode, "run", "say hi"], cwd=project, capture_output=True, text=True, timeout=240,
-                              stdin=subprocess.DEVNULL,
-                              # PWD too: opencode takes its directory from it, not from the process's cwd
-                              env=clean_env({"HOME": str(home), "PWD": str(project),
-                                             "SYNAPOLIS_STATE_DIR": str(state_dir)}))
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        run_opencode(opencode, tmp_path, project, model, state_dir, "say hi")
     finally:
         model.close()
     (me,) = [a for a in agents(cli) if a.startswith("opencode")]
@@ -157,3 +149,83 @@ def test_the_real_opencode_runs_the_plugin_and_a_signal_reaches_the_model(tmp_pa
     assert agents(cli)[me]["status"] == "idle"  # session.idle after the run
     pending = json.loads(cli("signals-pending", "--agent-id", me, "--json").stdout)["pending_signals"]
     assert pending == []  # delivered by the hook, not left waiting
+
+
+def test_the_plugin_refuses_an_edit_of_a_held_path_by_throwing_and_warns_into_the_result(tmp_path, cli, state_dir):
+    project = tmp_path  # the project holds the state directory (contract §14: its root is state/'s parent)
+    (project / "src").mkdir(parents=True)
+    cli("init")
+    cli("hooks", "install", "opencode", "--project-dir", project)
+    cli("start", "--agent-id", "bob")
+    cli("claim", "src/held.py", "--agent-id", "bob")
+    session = "ses_guard"
+    outputs = drive(tmp_path, project, state_dir, [
+        {"event": {"type": "session.created", "properties": {"info": {"id": session}}}},
+        {"hook": "tool.execute.before", "tool": "edit", "sessionID": session,
+         "args": {"filePath": str(project / "src" / "held.py"), "oldString": "a", "newString": "b"}},
+        {"hook": "tool.execute.before", "tool": "apply_patch", "sessionID": session,
+         "args": {"patchText": "*** Begin Patch\n*** Add File: src/held.py\n+x\n*** End Patch"}},
+        {"hook": "tool.execute.before", "tool": "write", "sessionID": session,
+         "args": {"filePath": "src/free.py", "content": "x"}},
+        {"hook": "tool.execute.before", "tool": "bash", "sessionID": session, "args": {"command": "ls"}},
+    ])
+    assert "src/held.py is claimed by bob" in outputs[0]["thrown"] and "synapolis signal bob" in outputs[0]["thrown"]
+    assert "claimed by bob" in outputs[1]["thrown"]
+    assert outputs[2:] == [None, None]  # a free path, a tool that writes no file: it runs
+    # guard.mode warn: the tool runs, and the reason is added to that very tool call's result
+    config = json.loads((state_dir / "synapolis.json").read_text())
+    (state_dir / "synapolis.json").write_text(json.dumps(dict(config, guard={"mode": "warn"})))
+    outputs = drive(tmp_path, project, state_dir, [
+        {"hook": "tool.execute.before", "tool": "write", "sessionID": session, "callID": "w1",
+         "args": {"filePath": "src/held.py", "content": "x"}},
+        {"hook": "tool.execute.after", "tool": "write", "sessionID": session, "callID": "w1", "output": "Wrote file"},
+    ])
+    assert outputs[0] is None and outputs[1].startswith("Wrote file\n\n") and "claimed by bob" in outputs[1]
+
+
+def test_a_plugin_committed_in_one_clone_runs_from_another_clone_elsewhere(tmp_path, cli, state_dir):
+    """The installing machine's path is no teammate's: the plugin runs $SYNAPOLIS_BIN, else `synapolis` on PATH."""
+    installed_in = tmp_path / "alice" / "app"
+    installed_in.mkdir(parents=True)
+    cli("hooks", "install", "opencode", "--project-dir", installed_in)
+    text = (installed_in / ".opencode" / "plugin" / "synapolis.js").read_text()
+    line = next(ln for ln in text.splitlines() if ln.startswith("const INSTALLED = "))
+    # the clone on a teammate's machine: the same file, where the installer's path does not exist
+    clone = tmp_path / "bob" / "work" / "app"
+    (clone / ".opencode" / "plugin").mkdir(parents=True)
+    (clone / ".opencode" / "plugin" / "synapolis.js").write_text(
+        text.replace(line, 'const INSTALLED = ["/nonexistent/alice/venv/bin/synapolis"];'))
+    bindir = tmp_path / "bob" / "bin"
+    bindir.mkdir()
+    real = os.path.join(os.path.dirname(sys.executable), "synapolis")
+    (bindir / "synapolis").symlink_to(real)
+    created = [{"event": {"type": "session.created", "properties": {"info": {"id": "ses_on_path"}}}}]
+    drive(tmp_path, clone, state_dir, created, env={"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"})
+    assert [a for a in agents(cli) if a.startswith("opencode")], "synapolis on PATH ran"
+    # $SYNAPOLIS_BIN wins over PATH (a synapolis in a virtualenv nobody put on PATH)
+    before = set(agents(cli))
+    drive(tmp_path, clone, state_dir, [{"event": {"type": "session.created", "properties": {"info": {"id": "ses_bin"}}}}],
+          env={"SYNAPOLIS_BIN": real, "PATH": "/usr/bin:/bin"})
+    assert len(set(agents(cli)) - before) == 1
+    # none at all: the plugin does nothing, and opencode's tool results are left as they were
+    before = set(agents(cli))
+    outputs = drive(tmp_path, clone, state_dir, [
+        {"event": {"type": "session.created", "properties": {"info": {"id": "ses_none"}}}},
+        {"hook": "tool.execute.after", "tool": "read", "sessionID": "ses_none", "output": "file text"}],
+        env={"PATH": "/usr/bin:/bin"})
+    assert outputs == ["file text"] and set(agents(cli)) == before
+
+
+def test_the_real_opencode_is_refused_an_edit_of_a_held_path(tmp_path, cli, state_dir):
+    opencode = require_harness("opencode")
+    project = tmp_path  # the state directory's parent: the project the claims are relative to
+    held = held_project(project, cli, "opencode")
+    model = tool_call_stand_in("edit", {"filePath": str(held), "oldString": "one", "newString": "two"})
+    try:
+        run_opencode(opencode, tmp_path, project, model, state_dir, "change one to two in src/held.py")
+    finally:
+        model.close()
+    assert held.read_text() == "one\n"  # the edit never ran
+    # the model was told why, in the tool's result: the holder and the command to ask them
+    told = [b for b in model.bodies if "src/held.py is claimed by bob" in b]
+    assert len(told) == 1 and "synapolis signal bob" in told[0], model.bodies[-1][-3000:]

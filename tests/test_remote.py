@@ -7,56 +7,14 @@ which holds no store, only what its own CLI and hooks write. Everything runs as 
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import time
 
 import pytest
 
-from conftest import Served, clean_env, refused, start_server, stop, synapolis_cmd, validate_heartbeat_cmd
+from conftest import SANDBOX_OWN, clean_env, refused, succeeded as ok, synapolis_cmd, validate_heartbeat_cmd
 from synapolis.workspace import Workspace
-
-# what a sandbox's state directory may hold: its own files, nothing of a store
-SANDBOX_OWN = {"identity.json", "heartbeats", "hooks", ".locks"}
-
-
-class Team(Served):
-    """The team's server (a real `synapolis serve` on the test's state directory) and a sandbox beside it."""
-
-    def __init__(self, server_dir, sandbox_dir, url, proc, cli):
-        super().__init__(proc, url, server_dir, cli)
-        self.server_dir, self.sandbox_dir = server_dir, sandbox_dir
-
-    def here(self, *args, input=None, env=None):
-        """A CLI call on the server's machine (beside the store)."""
-        return self._cli(*args, input=input, env=env)
-
-    def there(self, token, *args, input=None, env=None, server=None, timeout=60):
-        """A CLI call in the sandbox: only SYNAPOLIS_SERVER and SYNAPOLIS_TOKEN."""
-        extra = {"SYNAPOLIS_SERVER": server or self.url}
-        if token is not None:
-            extra["SYNAPOLIS_TOKEN"] = token
-        extra.update(env or {})
-        return subprocess.run(synapolis_cmd(self.sandbox_dir, *args), input=input, capture_output=True,
-                              text=True, timeout=timeout, env=clean_env(extra))
-
-    def sandbox_holds(self) -> set:
-        return set(os.listdir(self.sandbox_dir)) if os.path.isdir(self.sandbox_dir) else set()
-
-
-@pytest.fixture
-def team(ws, tmp_path, cli):
-    proc, url = start_server(ws.root)
-    try:
-        yield Team(ws.root, tmp_path / "sandbox" / "state", url, proc, cli)
-    finally:
-        stop(proc)
-
-
-def ok(result) -> dict | str:
-    assert result.returncode == 0, (result.returncode, result.stderr)
-    return json.loads(result.stdout) if result.stdout.startswith("{") else result.stdout
 
 
 def test_sandbox_agent_registers_beats_and_trades_signals_exactly_once(team):
@@ -220,7 +178,7 @@ def test_a_pinned_token_is_its_agent_and_a_read_only_token_only_reads(team):
 
 def test_verbs_that_work_beside_the_store_are_refused_and_create_nothing(team):
     token = team.token("sandbox")
-    for args in (["monitor"], ["tokens", "create", "x"], ["init"], ["escalations"]):
+    for args in (["monitor"], ["tokens", "create", "x"], ["init"], ["escalate"]):
         refused(team.there(token, *args), 2, "UsageError")
     assert not any(name in team.sandbox_holds() for name in ("sessions", "claims", "synapolis.json"))
 

@@ -222,7 +222,10 @@ def run_mcp(state_dir, polling: bool) -> None:
     from ..workspace import Workspace
 
     try:
-        root = Workspace.open(state_dir).ensure().root
+        from ..remote import activate
+
+        # through the team server (§16) there is no local store to serve: refused, naming the server's /mcp
+        root = activate(Workspace.open(state_dir), "mcp").ensure().root
         from ..mcp.front import serve
 
         serve(root, polling)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import click
 
-from .. import claims as cl
-from ..store import clock
 from . import hot
 from .common import agent_options, ago, emit, json_option, pass_workspace, table
 
@@ -49,11 +47,11 @@ def claims_cmd(ws, only_held, as_json):
 
     Example: synapolis claims --held
     """
-    from ..claim_waits import waiting
+    from .. import claims_view
+    from ..timeutil import parse_ts
 
-    now = clock(ws)
-    entries = cl.list_claims(ws, now, held_only=only_held)
-    waits = waiting(ws, now)
+    data = claims_view.claims_view(ws, held_only=only_held)  # through the team server too (§16)
+    now = parse_ts(data.pop("now"))
 
     def text(data):
         waiters = [f"{w['agent_id']} waits for {w['item']} (blocked by {', '.join(w['blocked_by'])}) since "
@@ -71,7 +69,7 @@ def claims_cmd(ws, only_held, as_json):
                          ago(e["claimed_at"], now), until])
         return [table(rows, ["ITEM", "STATE", "HOLDER", "HOLDER STATUS", "TOKEN", "CLAIMED", "LEASE"])] + waiters
 
-    emit(as_json, {"claims": entries, "waiting": waits}, text)
+    emit(as_json, data, text)
 
 
 @click.command("claim-check")
@@ -93,12 +91,16 @@ def claim_check_cmd(ws, item, token, as_json):
 @click.option("--agent-id", default=None, help="Answer for this agent (else $SYNAPOLIS_AGENT_ID, identity.json).")
 @click.option("--session-id", default=None, help="The session (else $SYNAPOLIS_SESSION_ID, identity.json).")
 @click.option("--run-token", default=None, help="This agent's run token (else $SYNAPOLIS_RUN_TOKEN).")
+@click.option("--commit", "for_commit", is_flag=True,
+              help="Asked by git's pre-commit hook: a refusal is a refused commit, shown on the dashboard and told "
+                   "to the notify targets (io.synapolis.guard.denied, data.refused \"commit\").")
 @json_option
 @pass_workspace(create=False)
-def guard_cmd(ws, paths, staged, agent_id, session_id, run_token, as_json):
+def guard_cmd(ws, paths, staged, agent_id, session_id, run_token, for_commit, as_json):
     """May this agent write PATHS? Exit 0 when each is free or held only by the caller (or its sub-agents),
     3 when a live other holds any, one line per blocked path. PATHS are absolute or relative to the project
-    root; with no identity at all, every path a live agent holds is blocked. Changes nothing.
+    root; with no identity at all, every path a live agent holds is blocked. Changes nothing, except that with
+    --commit (git's pre-commit hook) a refusal is recorded as an event and told.
 
     Example: synapolis guard src/api/users.py docs/api.md --agent-id alice
     """
@@ -122,4 +124,8 @@ def guard_cmd(ws, paths, staged, agent_id, session_id, run_token, as_json):
 
     emit(as_json, data, text)
     if not data["allowed"]:
+        if for_commit:
+            from ..guard_events import commit_refused
+
+            commit_refused(ws, data)
         raise SystemExit(3)

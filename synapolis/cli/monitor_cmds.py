@@ -97,9 +97,10 @@ def escalations_cmd(ctx, show_all, as_json):
     """
     if ctx.invoked_subcommand is not None:
         return
+    ws = workspace(ctx)  # first: through the team server, it is the server's list_incidents that is imported (§16)
     from ..escalation import list_incidents
 
-    emit(as_json, list_incidents(workspace(ctx), include_resolved=show_all), _incidents_text)
+    emit(as_json, list_incidents(ws, include_resolved=show_all), _incidents_text)
 
 
 @escalations_cmd.command("ack")

@@ -18,6 +18,8 @@ from ..errors import UsageError
 HOOK = "pre-commit"
 CHAINED = "pre-commit.synapolis-chained"
 MARK = "# synapolis pre-commit guard"
+# the guard line's end: today's (`--commit`: a refusal is an event, docs/NOTIFY.md), and one an older install wrote
+GUARD_TAILS = (" guard --staged --commit", " guard --staged")
 
 SCRIPT = """#!/bin/sh
 {mark}: refuses a commit that touches a file another live agent has claimed.
@@ -29,7 +31,7 @@ if [ -x "$hooks_dir/{chained}" ]; then
 fi
 SYNAPOLIS_STATE_DIR="${{SYNAPOLIS_STATE_DIR:-{state_dir}}}"
 export SYNAPOLIS_STATE_DIR
-{program} guard --staged
+{program} guard --staged --commit
 status=$?
 if [ "$status" -eq 3 ]; then
     echo "synapolis: commit refused: the files above are claimed by other live agents; ask them (synapolis signal HOLDER ...), or commit without them" >&2
@@ -141,6 +143,17 @@ def installed(project_dir) -> dict | None:
         return None
     with open(hook, encoding="utf-8", errors="replace") as handle:
         for line in handle:
-            if line.rstrip().endswith(" guard --staged"):
+            if line.rstrip().endswith(GUARD_TAILS):
                 return {"hook": hook, "command": line.strip(), "executable": os.access(hook, os.X_OK)}
     return {"hook": hook, "command": None, "executable": os.access(hook, os.X_OK)}
+
+
+def program_words(command: str | None) -> list[str]:
+    """The program (and its options) of the hook's guard line, without the guard's own words; [] when it
+    cannot be told (ValueError from an unbalanced quote is the caller's)."""
+    words = shlex.split(command or "")
+    for tail in GUARD_TAILS:
+        n = len(tail.split())
+        if words[-n:] == tail.split():
+            return words[:-n]
+    return []

@@ -33,7 +33,8 @@ EVENT_KINDS: dict[str, dict[str, str]] = {
                  "SessionEnd": "end"},
 }
 # the pre-tool event of each harness: the guard's (harness.pretool), never a beat
-PRETOOL_EVENTS = {"claude-code": "PreToolUse", "gemini-cli": "BeforeTool", "codex": "PreToolUse"}
+PRETOOL_EVENTS = {"claude-code": "PreToolUse", "gemini-cli": "BeforeTool", "codex": "PreToolUse",
+                  "copilot": "PreToolUse", "opencode": "PreToolUse"}
 # harnesses whose every event but idle and end means the agent works (they have no prompt event of their own
 # that delivers): a beat on them says active, where on the others it keeps the registry's status
 ACTIVE_BEATS = ("copilot", "opencode")
@@ -420,7 +421,7 @@ def handle(harness: str, raw: bytes | str, *, state_dir=None, env=None, now=None
         return result
     name = event_name(event)
     result["event"] = name
-    if name == PRETOOL_EVENTS.get(harness):  # Copilot CLI and opencode: no guard of theirs yet (a beat)
+    if name == PRETOOL_EVENTS.get(harness):
         return _pretool(harness, event, state_dir, env, result, now)
     kind = EVENT_KINDS[harness].get(name, "beat")
     if kind != "start" and isinstance(event.get("agent_id"), str) and event["agent_id"]:

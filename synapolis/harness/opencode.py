@@ -20,20 +20,43 @@ TIMEOUT_MS = 10_000
 EVENTS = ("session.created", "tool.execute.before", "tool.execute.after", "session.idle", "session.deleted")
 
 _TEMPLATE = """%(marker)s (written by `synapolis hooks install opencode`; removed by
-// `synapolis hooks uninstall opencode`). Every event runs `synapolis hook opencode`; a hook never fails opencode.
+// `synapolis hooks uninstall opencode`). Every event runs `synapolis hook opencode`; a hook never fails opencode,
+// but the guard's refusal of an edit (a file another agent holds) does fail that one tool call.
+// Which synapolis: $SYNAPOLIS_BIN, else `synapolis` on PATH, else the one that installed this file (if it is
+// on this machine), else none (the plugin does nothing). Commit this file: it holds no path a teammate needs.
 import { execFile } from "node:child_process";
+import { accessSync, constants } from "node:fs";
+import { delimiter, join } from "node:path";
 
-const COMMAND = %(command)s;
+const INSTALLED = %(command)s;
 const TIMEOUT_MS = %(timeout)d;
+
+function runnable(path) {
+  try { accessSync(path, constants.X_OK); return true; } catch { return false; }
+}
+
+function command() {
+  if (process.env.SYNAPOLIS_BIN) return [process.env.SYNAPOLIS_BIN];
+  const names = process.platform === "win32" ? ["synapolis.exe", "synapolis.cmd"] : ["synapolis"];
+  for (const dir of (process.env.PATH || "").split(delimiter)) {
+    for (const name of names) if (dir && runnable(join(dir, name))) return [join(dir, name)];
+  }
+  if (INSTALLED.length && runnable(INSTALLED[0])) return INSTALLED;
+  return null;
+}
+
+const COMMAND = command();
+const warned = new Map(); // callID -> a guard warning (guard.mode warn), added to that tool's result
 
 function hook(event, sessionID, directory, extra = {}) {
   return new Promise((resolve) => {
-    if (!sessionID) return resolve({});
+    if (!sessionID || !COMMAND) return resolve({});
     try {
       const child = execFile(COMMAND[0], [...COMMAND.slice(1), "hook", "opencode"],
         { timeout: TIMEOUT_MS, cwd: directory, maxBuffer: 16 * 1024 * 1024 }, (error, stdout) => {
           try { resolve(JSON.parse(stdout || "{}")); } catch { resolve({}); }
         });
+      child.on("error", () => resolve({}));
       child.stdin.on("error", () => {});
       child.stdin.end(JSON.stringify({ hook_event_name: event, session_id: sessionID, cwd: directory, ...extra }));
     } catch {
@@ -49,12 +72,19 @@ export const SynapolisPlugin = async ({ directory }) => ({
     else if (event.type === "session.idle") await hook("SessionIdle", p.sessionID, directory);
     else if (event.type === "session.deleted") await hook("SessionEnd", p.info?.id, directory);
   },
-  "tool.execute.before": async (input) => {
-    await hook("PreToolUse", input.sessionID, directory, { tool_name: input.tool });
+  "tool.execute.before": async (input, output) => {
+    const answer = await hook("PreToolUse", input.sessionID, directory,
+      { tool_name: input.tool, tool_input: output?.args ?? {} });
+    const decided = answer?.hookSpecificOutput;
+    // the guard (contract §14): throwing here is how opencode refuses a tool call; the model reads the message
+    if (decided?.permissionDecision === "deny") throw new Error(decided.permissionDecisionReason || "refused");
+    if (decided?.additionalContext && input.callID) warned.set(input.callID, decided.additionalContext);
   },
   "tool.execute.after": async (input, output) => {
     const answer = await hook("PostToolUse", input.sessionID, directory, { tool_name: input.tool });
-    const context = answer?.hookSpecificOutput?.additionalContext;
+    const early = input.callID ? warned.get(input.callID) : undefined;
+    if (early) warned.delete(input.callID);
+    const context = [early, answer?.hookSpecificOutput?.additionalContext].filter(Boolean).join("\\n\\n");
     if (context) output.output = `${output.output ?? ""}\\n\\n${context}`;
   },
 });
@@ -124,13 +154,13 @@ def check(project) -> tuple[list[dict], dict]:
         return [finding("harness:opencode", FAIL, exc.message, fix)], {}
     if current is None or MARKER not in current:
         return [finding("harness:opencode", FAIL, f"{path} is not synapolis's plugin", fix)], {}
-    line = next((ln for ln in current.splitlines() if ln.startswith("const COMMAND = ")), "")
+    line = next((ln for ln in current.splitlines() if ln.startswith("const INSTALLED = ")), "")
     try:
-        words = json.loads(line[len("const COMMAND = "):].rstrip(";"))
+        words = json.loads(line[len("const INSTALLED = "):].rstrip(";"))
     except ValueError:
         words = None
     if not (isinstance(words, list) and words and all(isinstance(w, str) for w in words)):
-        return [finding("harness:opencode", FAIL, f"{path}: its COMMAND line cannot be read", fix)], {}
+        return [finding("harness:opencode", FAIL, f"{path}: its INSTALLED line cannot be read", fix)], {}
     command = shlex.join([*words, "hook", "opencode"])
     groups = {"hooks": {"plugin": [{"hooks": [{"command": command}]}]}}
     return [finding("harness:opencode", OK, f"plugin {path} runs the hook on {', '.join(EVENTS)}")], groups

@@ -28,6 +28,13 @@ TOOLS: dict[str, dict[str, tuple]] = {
                     "NotebookEdit": ("notebook_path",)},
     "gemini-cli": {"write_file": ("file_path",), "replace": ("file_path",)},
     "codex": {"apply_patch": ("patch",)},
+    # Copilot CLI: camelCase payloads name its tools as the model sees them (`edit`, `create`), the VS Code
+    # form capitalised (`Edit`, `Create`); both with `path` (checked with the real Copilot CLI 1.0.102)
+    "copilot": {"edit": ("path",), "create": ("path",), "Edit": ("path",), "Create": ("path",)},
+    # opencode 1.18: edit and write take `filePath`; apply_patch (and the older patch) a `patchText`;
+    # multiedit (older versions) `filePath` too. The plugin passes the tool's args as tool_input
+    "opencode": {"edit": ("filePath",), "write": ("filePath",), "multiedit": ("filePath",),
+                 "apply_patch": ("patchText",), "patch": ("patchText",)},
 }
 # the matcher installed with the event: the harness starts no process at all for any other tool
 MATCHERS = {harness: "|".join(tools) for harness, tools in TOOLS.items()}
@@ -49,6 +56,18 @@ def tool_paths(harness: str, event: dict) -> list[str] | None:
         from .patch_paths import patch_paths, tool_input_patch
 
         return patch_paths(tool_input_patch(tool_input)) or None
+    if keys == ("patchText",):
+        from .patch_paths import patch_paths
+
+        text = tool_input.get("patchText") if isinstance(tool_input, dict) else None
+        return (patch_paths(text) if isinstance(text, str) else []) or None
+    if isinstance(tool_input, str):  # Copilot's reference types toolArgs as a JSON string in places
+        import json
+
+        try:
+            tool_input = json.loads(tool_input)
+        except (ValueError, RecursionError):
+            return None
     if not isinstance(tool_input, dict):
         return None
     found = [tool_input[k] for k in keys if isinstance(tool_input.get(k), str) and tool_input[k].strip()]
@@ -155,12 +174,20 @@ def answer(harness: str, mode: str, reason: str) -> dict:
     if mode == "deny":
         if harness == "gemini-cli":
             return {"decision": "deny", "reason": reason}
-        return {"hookSpecificOutput": {"hookEventName": name, "permissionDecision": "deny",
-                                       "permissionDecisionReason": reason}}
+        out = {"hookSpecificOutput": {"hookEventName": name, "permissionDecision": "deny",
+                                      "permissionDecisionReason": reason}}
+        if harness == "copilot":
+            # Copilot CLI reads the flat form for camelCase payloads and hookSpecificOutput for the VS Code
+            # form (both checked with the real Copilot CLI 1.0.102): one answer carries both
+            out.update(permissionDecision="deny", permissionDecisionReason=reason)
+        return out
     if harness == "gemini-cli":
         # Gemini CLI's BeforeTool takes no context for the model (only AfterTool does): the person sees it
         return {"systemMessage": reason}
-    return {"hookSpecificOutput": {"hookEventName": name, "additionalContext": reason}}
+    out = {"hookSpecificOutput": {"hookEventName": name, "additionalContext": reason}}
+    if harness == "copilot":
+        out["additionalContext"] = reason
+    return out
 
 
 # Gemini CLI takes no context from BeforeTool, only from AfterTool: a warning is kept for the same
@@ -217,12 +244,26 @@ def handle(harness: str, event: dict, state_dir, env, result: dict, now=None) ->
     from . import hooks
 
     ws = hooks._workspace(state_dir, env, event)
+    if ws.config.guard_mode == "off":
+        return
+    if env.get("SYNAPOLIS_SERVER") or ws.config.values.get("server"):  # through the team server (§16)
+        from .remote_guard import ask
+
+        return ask(harness, event, ws, env, result, absolute(paths, event, env))
+    decide(harness, event, ws, env, result, absolute(paths, event, env), now)
+
+
+def decide(harness: str, event: dict, ws, env, result: dict, wanted: list[str], now=None) -> None:
+    """The guard's answer for `wanted` (absolute paths, or relative to the project root) into `result`, for
+    the conversation of `event`, beside the store: here, or on the team server for a sandbox's hook
+    (web/api_call.run_hook)."""
+    from . import hooks
+
     mode, auto = ws.config.guard_mode, ws.config.auto_claim
     if mode == "off":
         return
     if not auto and nothing_held(ws, env):
         return  # no claim anywhere: no store opened, no identity needed
-    wanted = absolute(paths, event, env)
     from ..claim_index import one_reading
 
     # the pre-check and the guard read a big claims index once between them (never a claim: a writer must
@@ -256,18 +297,11 @@ def handle(harness: str, event: dict, state_dir, env, result: dict, now=None) ->
 
 
 def _tell_denied(ws, harness: str, agent_id, blocked: list[dict], tool, now=None) -> None:
-    """Hand the refused tool call to the notify targets (contract §15: io.synapolis.guard.denied); handed over,
-    never waited for (notify.emit returns at once and never raises)."""
-    from .. import notify
+    """Record the refused tool call for the dashboard and hand it to the notify targets (contract §15:
+    io.synapolis.guard.denied); never waited for, never raises (guard_events.tell)."""
+    from ..guard_events import tool_denied
 
-    first = blocked[0]
-    path = first.get("relative_path") or first["path"]  # the project's own name for it, as the claim has it
-    others = f" and {len(blocked) - 1} more" if len(blocked) > 1 else ""
-    notify.emit(ws, notify.GUARD_DENIED, path,
-                {"harness": harness, "tool": tool, "agent_id": agent_id, "blocked": blocked},
-                line=f"{harness} refused {tool or 'an edit'} of {path}{others} for {agent_id}: "
-                     f"{first['claimed_by']} holds {first['item']}; synapolis signal {first['claimed_by']} ...",
-                now=now)
+    tool_denied(ws, harness, agent_id, blocked, tool, now)
 
 
 def _conversation_state(ws, harness, event, env) -> dict:

@@ -386,6 +386,15 @@ class Store(abc.ABC):
     def incident_log(self) -> list:
         """Every escalation event record ever stored (each with its `incident`), oldest first."""
 
+    # -- the guard's events (contract §15: denials, refused commits, deadlocks; guard_events.py) ----------------
+    @abc.abstractmethod
+    def record_event(self, event: dict, keep: int) -> None:
+        """Keep `event`, and only the newest `keep` of them. SQLite: guard-events.jsonl (store/local/events.py)."""
+
+    @abc.abstractmethod
+    def recent_events(self, limit: int) -> list[dict]:
+        """The newest `limit` events kept, newest first."""
+
     def now(self):
         """The moment every comparison between agents uses: the local clock, or the server's."""
         from ..timeutil import utcnow

@@ -1,5 +1,6 @@
 """`POST /api/call/<verb>` and `POST /api/hook/<harness>`: the library verbs and hooks for machines that have only
 the server (contract §16), behind the same bearer tokens and with the identity rules of MCP over HTTP.
+`/api/call/follow` is `read-signals --follow`'s long-poll (docs/API.md).
 
 A call carries `{"who": {agent_id, session_id, run_token}, "args": [...], "kwargs": {...}}` and is answered with
 the verb's own JSON object (status 200), or its error object with the HTTP status of its exit code. The caller
@@ -22,7 +23,11 @@ from ..identity import Who
 from ..remote import ACTION_VERBS
 
 CALL_BODY_MAX = 64 * 1024 * 1024  # a call carries at most a signal's or memories' text, bounded by the verb
-READS = ("read_notes", "list_agents", "whiteboard_read", "claim_check")  # as MCP's read tools: writes=False
+READS = ("read_notes", "list_agents", "whiteboard_read", "claim_check", "guard")  # as MCP's read tools: writes=False
+# verbs that act as nobody (no `who`): name -> (module, function, whether it writes)
+PLAIN = {"claims": ("claims_view", "claims_view", False), "memories": ("sleep", "memories", False),
+         "escalations": ("escalation", "list_incidents", False), "escalations_ack": ("escalation", "ack", True)}
+FOLLOW_WAIT_MAX_S = 25.0  # one long-poll of `read-signals --follow` (remote.FOLLOW_WAIT_S asks for less)
 # the library's own knobs, never a caller's: its clock, its environment, the hook's drain machinery
 _SERVER_ONLY = {"env", "now", "fits", "withheld", "change_mark", "method", "write_identity", "live",
                 "deterministic_id"}
@@ -35,6 +40,11 @@ def _function(verb: str):
         from ..sleep import tired
 
         return tired
+    if verb in PLAIN:
+        import importlib
+
+        module, name, _writes = PLAIN[verb]
+        return getattr(importlib.import_module(f"..{module}", __package__), name)
     return getattr(actions, verb) if verb in ACTION_VERBS else None
 
 
@@ -50,14 +60,16 @@ def _who(principal, named: dict | None, writes: bool) -> Who:
         if writes:
             principal.check_may_write()
         return Who(None, session_id, None, named_only=True)
-    return Who(principal.acting_as(agent_id), session_id, run_token, named_only=True)
+    # a pinned token vouches for its agent, as over MCP (mcp.state.ServerState.who)
+    return Who(principal.acting_as(agent_id), session_id, run_token, named_only=True,
+               vouched=principal.agent_id is not None)
 
 
 def run_call(state, principal, verb: str, payload) -> dict:
     """Run one verb for a remote caller (on a worker thread); SynapolisError for what the CLI would refuse."""
     fn = _function(verb)
     if fn is None:
-        raise UsageError(f"no verb {verb!r} here: one of {', '.join(ACTION_VERBS + ('tired',))}")
+        raise UsageError(f"no verb {verb!r} here: one of {', '.join(ACTION_VERBS + ('tired',) + tuple(PLAIN))}")
     if not isinstance(payload, dict):
         raise UsageError("a call is a JSON object: {who, args, kwargs}")
     args, kwargs = payload.get("args") or [], payload.get("kwargs") or {}
@@ -68,6 +80,13 @@ def run_call(state, principal, verb: str, payload) -> dict:
     if unknown:
         raise UsageError(f"{verb} takes no {', '.join(unknown)}")
     ws = state.workspace()
+    if verb in PLAIN:  # they act as nobody: only the token's right to write counts
+        if PLAIN[verb][2]:
+            principal.check_may_write()
+        try:
+            return fn(ws, *args, **kwargs)
+        except TypeError as exc:  # the wrong number of arguments: the caller's mistake, said as such
+            raise UsageError(f"{verb}: {exc}") from None
     with agent_call.long_lived(state.live if state.fast else None):
         if verb == "start":
             principal.check_may_write()
@@ -99,13 +118,56 @@ def run_hook(state, principal, harness: str, raw: bytes, env: dict, identity=Non
 
     principal.check_may_write()
     env = {k: v for k, v in env.items() if k in _HOOK_ENV and isinstance(v, str)}
+    import os
+
+    if os.environ.get("SYNAPOLIS_STORE_URL"):
+        # the server's own store choice: the hooks' quiet paths (SQLite files only) must see it is not SQLite
+        env["SYNAPOLIS_STORE_URL"] = os.environ["SYNAPOLIS_STORE_URL"]
     if principal.agent_id:
         env[hooks.PINNED_ENV] = principal.agent_id
         if isinstance(identity, dict) and identity.get("agent_id") == principal.agent_id:
             _adopt(state.workspace(), principal.agent_id, identity)
     with agent_call.long_lived(state.live if state.fast else None):
-        result = hooks.handle(harness, raw, state_dir=state.root, env=env)
-    return {k: result.get(k) for k in ("output", "problems", "agent_id", "event", "delivered", "withheld")}
+        result = _pretool(state, harness, raw, env)
+        if result is None:
+            result = hooks.handle(harness, raw, state_dir=state.root, env=env)
+    return {k: result.get(k) for k in ("output", "problems", "agent_id", "event", "delivered", "withheld",
+                                       "blocked")}
+
+
+def _pretool(state, harness: str, raw: bytes, env: dict) -> dict | None:
+    """A sandbox's pre-tool event (harness.remote_guard): the guard decided here for the project-relative
+    paths it names, never for its tool's input (another machine's absolute paths mean nothing here); None
+    for any other event. The answer is the harness's own, as beside the store (harness.pretool.decide)."""
+    from ..harness import hooks
+    from ..harness.remote_guard import PATHS_KEY
+
+    try:
+        event = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(event, dict) or PATHS_KEY not in event:
+        return None
+    result = {"output": {}, "problems": [], "agent_id": None, "event": None, "delivered": [], "withheld": []}
+    paths = event.get(PATHS_KEY)
+    if (harness not in hooks.PRETOOL_EVENTS or hooks.event_name(event) != hooks.PRETOOL_EVENTS[harness]
+            or not isinstance(paths, list) or not all(isinstance(p, str) for p in paths)):
+        raise UsageError(f"{PATHS_KEY} comes with a pre-tool event of a known harness, as a list of paths")
+    try:
+        hooks.parse_event(raw)
+    except hooks.HookInputError as exc:
+        raise UsageError(str(exc)) from None
+    result["event"] = hooks.event_name(event)
+    from ..harness import pretool
+
+    ws = hooks._workspace(state.root, env, {})
+    try:
+        # relative paths: the guard takes them relative to this server's project root
+        pretool.decide(harness, event, ws, env, result, [p for p in paths if not p.startswith("/")])
+    except Exception as exc:  # noqa: BLE001 - the guard never blocks work because of its own failure
+        result["output"] = {}
+        result["problems"].append("guard: " + (getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"))
+    return result
 
 
 def _adopt(ws, agent_id: str, identity: dict) -> None:
@@ -133,9 +195,36 @@ async def _body(request: Request, limit: int) -> bytes | Response:
     return bytes(body)
 
 
-def routes(state, signed_in, refused, error):
-    """The two endpoints, for web.app: `signed_in(request)` -> (record, token, from_cookie) | None (a bearer
-    header only is taken here), `refused()` the 401, `error(exc)` a SynapolisError's answer."""
+async def follow(state, principal, payload, stopping) -> dict:
+    """One long-poll of `read-signals --follow` (remote.follow_signals): the caller's signals after sequence
+    `after`, answered as soon as there is one, else after `wait_s` (at most FOLLOW_WAIT_MAX_S) with none. Woken
+    by the server's change feed (a signal stored by any process), never a sleep loop; a stopping server ends the
+    wait at once (`stopping()`), so shutting down never waits for a follower."""
+    import time
+
+    if not isinstance(payload, dict):
+        raise UsageError("a call is a JSON object: {who, args, kwargs}")
+    kwargs = payload.get("kwargs") if isinstance(payload.get("kwargs"), dict) else {}
+    wait_s = kwargs.pop("wait_s", 10)
+    if isinstance(wait_s, bool) or not isinstance(wait_s, (int, float)) or not 0 <= wait_s:
+        raise UsageError("wait_s must be a number of seconds >= 0")
+    if kwargs.get("after") is None:
+        raise UsageError("a follow names `after`: the last sequence it has")
+    call = {"who": payload.get("who"), "kwargs": kwargs}
+    deadline = time.monotonic() + min(float(wait_s), FOLLOW_WAIT_MAX_S)
+    while True:
+        seen = state.changes
+        result = await anyio.to_thread.run_sync(run_call, state, principal, "read_signals", call)
+        left = deadline - time.monotonic()
+        if result.get("signals") or left <= 0 or stopping():
+            return result
+        await state.next_change(seen, min(left, 1.0))  # a slice at a time: a stopping server is seen within 1 s
+
+
+def routes(state, signed_in, refused, error, stopping=lambda: False):
+    """The endpoints, for web.app: `signed_in(request)` -> (record, token, from_cookie) | None (a bearer
+    header only is taken here), `refused()` the 401, `error(exc)` a SynapolisError's answer, `stopping()`
+    whether the server is shutting down (a long-poll ends then)."""
     from starlette.routing import Route
 
     from ..mcp.http import principal_for
@@ -154,7 +243,10 @@ def routes(state, signed_in, refused, error):
         principal = principal_for(who[0])
         verb = request.path_params["verb"]
         try:
-            result = await anyio.to_thread.run_sync(run_call, state, principal, verb, payload)
+            if verb == "follow":
+                result = await follow(state, principal, payload, stopping)
+            else:
+                result = await anyio.to_thread.run_sync(run_call, state, principal, verb, payload)
         except SynapolisError as exc:
             return error(exc)
         return Response(json.dumps(result, ensure_ascii=False, default=str), media_type="application/json")

@@ -272,7 +272,9 @@ def create_app(state_dir, *, loopback: bool = True, secure: bool = False, env=No
         Route("/login", login, methods=["POST"]),
         Route("/logout", logout, methods=["POST"]),
         Route("/", page),
-        *api_call.routes(state, signed_in, _refused, _error),  # §16: the CLI and hooks of remote machines
+        # §16: the CLI and hooks of remote machines; a follower's long-poll ends when the server stops
+        *api_call.routes(state, signed_in, _refused, _error,
+                         stopping=lambda: stopping["event"] is not None and stopping["event"].is_set()),
     ]
     # a verb's refusal, a synapolis.json broken since the server started, a store away: the error's JSON with
     # its HTTP status, in one place for every route (/mcp answers its own errors)

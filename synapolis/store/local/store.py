@@ -179,3 +179,14 @@ class SqliteStore(base.Store):
         from .incidents import file_log
 
         return file_log(self.ws)
+
+    # -- the guard's events (contract §15): guard-events.jsonl, the newest kept ----------------------------
+    def record_event(self, event, keep):
+        from .events import record
+
+        record(self.ws, event, keep)
+
+    def recent_events(self, limit):
+        from .events import recent
+
+        return recent(self.ws, limit)

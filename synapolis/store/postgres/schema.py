@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from .events import EVENTS_SCHEMA
+
 # each version's script is idempotent: an upgrade runs the whole of it again (9: path claims' index and waits, or
 # idempotency keys, on two branches; 10: both, so a database either branch left at 9 is upgraded too)
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11  # 11: guard_events (store/postgres/events.py)
 
 _C = 'TEXT COLLATE "C"'  # ids and timestamps compare byte-wise, as on SQLite, whatever the database's locale
 
@@ -306,3 +308,5 @@ ALTER TABLE notes ADD COLUMN IF NOT EXISTS idempotency_key {_C};
 CREATE UNIQUE INDEX IF NOT EXISTS notes_by_key ON notes (session_id, agent_id, idempotency_key)
     WHERE idempotency_key IS NOT NULL;
 """
+
+SCHEMA += EVENTS_SCHEMA  # version 11

@@ -265,6 +265,16 @@ class PostgresStore(PostgresConnection):
     def incident_log(self):
         return self._json_objects("SELECT record FROM escalation_events ORDER BY seq")
 
+    def record_event(self, event, keep):
+        from .events import record
+
+        record(self, event, keep)
+
+    def recent_events(self, limit):
+        from .events import recent
+
+        return recent(self, limit)
+
     # -- across machines ---------------------------------------------------------------------------
     @contextlib.contextmanager
     def exclusive_pass(self, name: str, lock_path):
