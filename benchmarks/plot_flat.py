@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Draw bench_flat.py's scaling curves, one small PNG per workload, from benchmarks/flat-quiet.json and
 flat-loaded.json: the inbox page by signals in the session, the broadcast by agents registered (with the
-floor, reading their ids), the monitor pass by heartbeat files (with the json-loading baseline).
+floor, the cheapest read of their ids), the monitor pass by heartbeat files (with the json-loading baseline).
 
 matplotlib is a benchmark-only dependency: `pip install -e '.[bench]'`.
 
@@ -78,7 +78,7 @@ def plot_broadcast(runs: dict) -> None:
             ax.plot(xs, [curve[f"send {x}"] for x in xs], RUNS[kind], marker="o", color=colour,
                     label=f"{store} send, {kind}")
             ax.plot(xs, [curve[f"ids {x}"] for x in xs], RUNS[kind], marker="x", color=colour, alpha=0.45,
-                    label=f"{store} SELECT id alone (floor), {kind}")
+                    label=f"{store} the ids alone (floor), {kind}")
     save(fig, ax, "flat-broadcast.png")
 
 

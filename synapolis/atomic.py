@@ -207,19 +207,35 @@ def open_regular(path: Path | str, flags: int = _READ_FLAGS, mode: int = 0o644) 
 def read_bytes(path: Path | str, limit: int | None = None) -> bytes:
     """The whole regular file at `path`, at most `limit` bytes (MAX_READ_BYTES); OSError as `open` raises
     it, or for a file that is not regular or is larger than `limit`. Never blocks on a FIFO."""
+    return read_bytes_stat(path, limit)[0]
+
+
+def read_bytes_stat(path: Path | str, limit: int | None = None) -> tuple[bytes, os.stat_result]:
+    """read_bytes, with the fstat of the file it read: which file that was (inode, size, times), for a caller
+    that remembers what it read (the monitor) without a stat of its own."""
     limit = MAX_READ_BYTES if limit is None else limit
-    fd = open_regular(path)
+    fd = os.open(path, _READ_FLAGS)
     try:
-        chunks = []
-        size = 0
-        while True:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            if stat.S_ISDIR(info.st_mode):
+                raise OSError(errno.EISDIR, "Is a directory", os.fspath(path))
+            raise OSError(errno.EINVAL, "not a regular file (a FIFO, socket or device is never read or written)",
+                          os.fspath(path))
+        # one read of the size fstat gave (+1: a file grown since is read on, below); a regular file's short
+        # read is its end, so the usual file needs no second read to find it
+        want = min(info.st_size + 1, limit + 1)
+        chunk = os.read(fd, want)
+        if len(chunk) < want:
+            return chunk, info
+        chunks, size = [chunk], len(chunk)
+        while size <= limit:
             chunk = os.read(fd, min(1 << 20, limit + 1 - size))
             if not chunk:
-                return b"".join(chunks)
+                return b"".join(chunks), info
             chunks.append(chunk)
             size += len(chunk)
-            if size > limit:
-                raise OSError(errno.EFBIG, f"larger than {limit} bytes: not a state document", os.fspath(path))
+        raise OSError(errno.EFBIG, f"larger than {limit} bytes: not a state document", os.fspath(path))
     except OSError as exc:  # os.read names no file: say which
         raise OSError(exc.errno, exc.strerror, os.fspath(path)) from None
     finally:

@@ -6,7 +6,7 @@ import json
 import os
 import re
 
-from .atomic import atomic_write_json, json_files, locked, read_bytes, read_json
+from .atomic import atomic_write_json, json_files, locked, read_bytes_stat, read_json
 from .errors import UsageError
 from .names import check_text, only_id_chars, validate_agent_id
 
@@ -85,9 +85,10 @@ def _shape_ok(value: str) -> bool:
 
 def _ts_ok(value) -> bool:
     """Whether `value` is a stamp in the heartbeat's shape that timeutil.parse_ts reads."""
-    if not isinstance(value, str) or not _shape_ok(value):
+    if not isinstance(value, str):
         return False
-    if not _real_date(value):
+    # the compiled pattern once there is one, without the call through _shape_ok (two stamps a file, a pass)
+    if not (_shape_ok(value) if _ts_shape is None else _ts_shape(value) is not None) or not _real_date(value):
         return False
     if value.isascii() and len(value) in (20, 24, 27):  # no fraction or 3 or 6 digits: fromisoformat's own
         return True
@@ -103,10 +104,28 @@ def _ts_ok(value) -> bool:
 def _real_date(stamp: str) -> bool:
     """Year, month, day and second of a stamp of _UTC_TS_PATTERN's shape in range, as datetime checks them
     (no leap second), without importing datetime: a hook's heartbeat refresh checks its `started_at`."""
-    year, month, day, second = int(stamp[:4]), int(stamp[5:7]), int(stamp[8:10]), int(stamp[17:19])
+    # the shape says the second is two digits; in range when its first is 0-5
+    if stamp[17] > "5":
+        return False
+    day = stamp[:10]
+    known = _DAYS_SEEN.get(day)
+    if known is None:
+        if len(_DAYS_SEEN) >= 4096:  # a bound: the stamps of a pass fall on a handful of days
+            _DAYS_SEEN.clear()
+        known = _DAYS_SEEN[day] = _real_day(day)
+    return known
+
+
+# YYYY-MM-DD -> whether it is a real day: a monitor pass checks two stamps a file, nearly all on the same few
+# days, and the integer parsing was a tenth of a pass's check of 50,000 files (issue 31)
+_DAYS_SEEN: dict = {}
+
+
+def _real_day(day: str) -> bool:
+    year, month, date = int(day[:4]), int(day[5:7]), int(day[8:10])
     leap = year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
     days = (31, 29 if leap else 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
-    return year >= 1 and 1 <= month <= 12 and 1 <= day <= days[month - 1] and second <= 59
+    return year >= 1 and 1 <= month <= 12 and 1 <= date <= days[month - 1]
 
 
 _REQUIRED_KEYS = frozenset(REQUIRED)
@@ -193,19 +212,24 @@ class HeartbeatRead:
 
 def read_heartbeat(path: Path | str, detailed: bool = False) -> HeartbeatRead:
     """Read and check one heartbeat file; never raises for a bad file."""
+    return read_heartbeat_stat(path, detailed)[0]
+
+
+def read_heartbeat_stat(path: Path | str, detailed: bool = False) -> tuple[HeartbeatRead, os.stat_result | None]:
+    """read_heartbeat, with the fstat of the file it read (None when none was opened): the monitor remembers
+    which file it read without a stat of its own."""
     name = os.path.basename(path)
     agent_id = name[:-5] if name.endswith(".json") else name
     try:
-        raw = read_bytes(path)
-        mtime = None
+        raw, info = read_bytes_stat(path)
     except FileNotFoundError:
-        return HeartbeatRead(agent_id, path, None, [{"pointer": "", "message": "no heartbeat file"}])
+        return HeartbeatRead(agent_id, path, None, [{"pointer": "", "message": "no heartbeat file"}]), None
     except OSError as exc:
-        return HeartbeatRead(agent_id, path, None, [{"pointer": "", "message": f"unreadable: {exc.strerror}"}])
+        return HeartbeatRead(agent_id, path, None, [{"pointer": "", "message": f"unreadable: {exc.strerror}"}]), None
     try:
         doc = _DECODER.decode(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        return HeartbeatRead(agent_id, path, None, [{"pointer": "", "message": f"not valid JSON: {exc}"}], mtime)
+        return HeartbeatRead(agent_id, path, None, [{"pointer": "", "message": f"not valid JSON: {exc}"}]), info
     errors = []
     if detailed or not quick_check(doc):
         errors = schema_errors(doc)
@@ -214,7 +238,7 @@ def read_heartbeat(path: Path | str, detailed: bool = False) -> HeartbeatRead:
     if isinstance(doc, dict) and isinstance(doc.get("agent_id"), str) and doc["agent_id"] != agent_id:
         errors.append({"pointer": "/agent_id",
                        "message": f"agent_id {doc['agent_id']!r} does not match the file name {name!r}"})
-    return HeartbeatRead(agent_id, path, doc if isinstance(doc, dict) else None, errors, mtime)
+    return HeartbeatRead(agent_id, path, doc if isinstance(doc, dict) else None, errors), info
 
 
 def _refuse_constant(name: str):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .atomic import (atomic_write_bytes, atomic_write_json, file_signature, is_temp_name, json_names, locked,
                      read_json_or)
-from .heartbeat import read_heartbeat
+from .heartbeat import read_heartbeat, read_heartbeat_stat
 from .status import EFFECTIVE_STATUSES, effective_status, file_written_at
 from .timeutil import UTC, format_ts, parse_ts, utcnow
 
@@ -126,22 +126,30 @@ def read_all_heartbeats(paths, reuse: bool = False) -> list:
 _READS: dict = {}
 
 
+def _signature(info) -> tuple:
+    return info.st_ino, info.st_dev, info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_mode
+
+
 def _unchanged_reads(folder: str, names: list) -> list:
     kept = _READS.pop(folder, {})
     fresh, reads = {}, []
     for name in names:
         path = os.path.join(folder, name)
-        try:
-            info = os.stat(path)
-        except OSError:  # gone or unreadable: read_heartbeat says which, as it always has
-            reads.append(read_heartbeat(path))
-            continue
-        signature = (info.st_ino, info.st_dev, info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_mode)
         hit = kept.get(name)
-        # stat first, read after: a file replaced in between is stored under the older signature, so the
-        # next pass sees a new one and reads it again
-        read = hit[1] if hit is not None and hit[0] == signature else read_heartbeat(path)
-        fresh[name] = (signature, read)
+        if hit is not None:
+            try:
+                signature = _signature(os.stat(path))
+            except OSError:  # gone or unreadable: read_heartbeat_stat says which, as it always has
+                signature = None
+            if signature == hit[0]:
+                fresh[name] = hit
+                reads.append(hit[1])
+                continue
+        # not read before (a process's first pass: no stat at all), or changed: the signature is the fstat of
+        # the very file read, so a file replaced after it is read again at the next pass
+        read, info = read_heartbeat_stat(path)
+        if info is not None:
+            fresh[name] = (_signature(info), read)
         reads.append(read)
     _READS[folder] = fresh  # only the names listed now: a removed file is forgotten
     return reads

@@ -164,10 +164,28 @@ def test_a_schema_2_store_gets_the_broadcast_index_when_opened(ws, start_agent):
     page = actions.read_signals(ws, Who("bob", sid), env={}, now=NOW)
     assert [s["content"] for s in page["signals"]] == ["before the upgrade"]
     check = sqlite3.connect(path)
-    assert check.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 4
+    assert check.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 5
     assert check.execute("SELECT name FROM sqlite_master WHERE name = 'signals_broadcasts_by_sender'").fetchone()
     check.close()
 
+
+
+def test_a_schema_4_store_gets_the_liveness_index_and_broadcasts_through_it(ws, start_agent):
+    """A session.db of schema 4 (no agents_by_liveness) is migrated when opened, and a broadcast's audience is
+    then read from that index: the query plan says so, and the answer lists every recipient."""
+    from synapolis.store.local.audience import _LIVE_IDS, _WAITING_ROWS
+
+    sid, path = older_store(ws, start_agent, 4, "DROP INDEX agents_by_liveness")
+    start_agent("carol", session_id=sid)
+    heard = actions.signal(ws, Who("alice", sid), "*", "after the upgrade", env={}, now=NOW)["audience"]
+    assert heard == {"live": ["bob", "carol"], "waiting": [], "waiting_status": {}}
+    check = sqlite3.connect(path)
+    assert check.execute("PRAGMA user_version").fetchone()[0] == 5
+    assert check.execute("SELECT name FROM sqlite_master WHERE name = 'agents_by_liveness'").fetchone()
+    for sql, args in ((_LIVE_IDS.format("?"), ("a", "b", "alice")), (_WAITING_ROWS, ("a", "b"))):
+        plan = " ".join(row[3] for row in check.execute("EXPLAIN QUERY PLAN " + sql, args))
+        assert "COVERING INDEX agents_by_liveness" in plan and "SCAN agents" not in plan, plan
+    check.close()
 
 def test_read_notes_pages_back_with_before_and_a_budget(ws, start_agent):
     sid = start_agent("alice")["session_id"]
@@ -326,7 +344,7 @@ def test_a_store_at_version_3_of_either_kind_is_completed(ws, start_agent, left_
     again = actions.signal(ws, Who("alice", sid), "bob", "keyed", env={}, now=NOW, idempotency_key="k1")
     assert again["replayed"] is True and again["signal"]["id"] == sent["signal"]["id"]
     check = sqlite3.connect(path)
-    assert check.execute("PRAGMA user_version").fetchone()[0] == 4
+    assert check.execute("PRAGMA user_version").fetchone()[0] == 5
     names = {row[0] for row in check.execute("SELECT name FROM sqlite_master")}
     assert {"signals_broadcasts_by_sender", "signals_by_key", "note_keys"} <= names
     check.close()

@@ -57,6 +57,24 @@ def test_a_signal_retried_with_its_key_is_stored_once_and_answered_alike(pair):
     assert [s["id"] for s in pending].count(first["signal"]["id"]) == 1
 
 
+
+def test_a_broadcast_retried_with_its_key_is_stored_once_and_lists_everyone_alike(pair):
+    """A broadcast through the store's own audience (SQLite: from the liveness index) keeps the key's promise:
+    the retry stores nothing, and both answers list every recipient, the waiting ones with why."""
+    ws, sid = pair
+    alice = Who("alice", sid)
+    actions.start(ws, agent_id="carol", session_id=sid, env={})
+    actions.beat(ws, Who("carol", sid), status="sleeping", env={})
+    first = actions.signal(ws, alice, "*", "standup now", env={}, idempotency_key="b-1")
+    again = actions.signal(ws, alice, "*", "standup now", env={}, idempotency_key="b-1")
+    assert again["replayed"] is True and again["signal"] == first["signal"]
+    assert first["audience"] == again["audience"] == {"live": ["bob"], "waiting": ["carol"],
+                                                      "waiting_status": {"carol": "sleeping"}}
+    assert len(_signals(ws, sid, "standup now")) == 1
+    for reader in ("bob", "carol"):
+        pending = actions.signals_pending(ws, Who(reader, sid), env={})["pending_signals"]
+        assert [s["id"] for s in pending].count(first["signal"]["id"]) == 1
+
 def test_a_note_retried_with_its_key_is_appended_once(pair):
     ws, sid = pair
     alice = Who("alice", sid)

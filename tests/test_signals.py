@@ -380,3 +380,38 @@ def test_broadcasts_from_each_sender_past_the_readers_own(ws, trio, start_agent,
     page = actions.read_signals(ws, trio["bob"], env={}, now=NOW, limit=1)
     assert page["remaining"] == 2 and [s["content"] for s in page["signals"]] == ["alice 1"]
     assert unread(ws, trio["alice"]) == ["bob 0", "bob.x 2", "carol 3", "bob 4"]
+
+
+def test_a_broadcast_audience_judged_by_the_store_matches_the_registry_rows(ws, start_agent, trio):
+    """Every registry state a broadcast meets, judged by the store itself (SQLite: from agents_by_liveness, no
+    row per recipient) exactly as signals.audience judges the rows: live within the window, the rest waiting
+    with why; the sender's own chain never in it."""
+    from synapolis.sessions import ts
+    from synapolis.signals import audience
+    from synapolis.store import open_session
+
+    sid = trio["alice"].session_id
+    for name in ("alice.helper", "dave", "erin", "frank", "gina", "hugo", "ivan"):
+        start_agent(name)
+    stale, skew = ws.config.stale_after_s, ws.config.clock_skew_s
+    states = {  # agent: (registry status, last_heartbeat)
+        "alice": ("active", ts(NOW)), "alice.helper": ("active", ts(NOW)), "bob": ("active", ts(NOW)),
+        "carol": ("idle", ts(NOW - timedelta(seconds=stale))),  # the window's edge: still live
+        "dave": ("sleeping", ts(NOW)), "erin": ("stale", ts(NOW)),
+        "frank": ("active", ts(NOW - timedelta(seconds=stale + 1))),  # out of the window: stale
+        "gina": ("idle", ts(NOW + timedelta(seconds=skew + 60))),  # a clock far ahead: no evidence of life
+        "hugo": ("active", ts(NOW + timedelta(seconds=skew))),  # the ceiling itself: live
+        "ivan": ("active", ""),
+    }
+    with open_session(ws, sid) as store, store.write() as tx:
+        for agent, (status, stamp) in states.items():
+            tx.refresh_agent(agent, stamp, status)
+    heard = actions.signal(ws, Who("alice.helper", sid), "*", "all hands", env={}, now=NOW)["audience"]
+    rows = [(agent, status, stamp) for agent, (status, stamp) in sorted(states.items())
+            if agent not in ("alice", "alice.helper")]
+    assert heard == audience(rows, NOW, ws.config)
+    assert heard == {"live": ["bob", "carol", "hugo"], "waiting": ["dave", "erin", "frank", "gina", "ivan"],
+                     "waiting_status": {"dave": "sleeping", "erin": "stale", "frank": "stale", "gina": "stale",
+                                        "ivan": "stale"}}
+    # and the signal is stored once, for everyone in it
+    assert [s["content"] for s in actions.read_signals(ws, trio["bob"], env={}, now=NOW)["signals"]] == ["all hands"]

@@ -9,8 +9,8 @@ import sqlite3
 from ...errors import BusyError, InternalError, NotFoundError
 from ...paths import SESSION_CHANGES
 from .. import base
-from .schema import (_BROADCASTS_INDEX, _IDEMPOTENCY_SCHEMA, _SCHEMA, SCHEMA_VERSION, _hash_clear_tokens,
-                     _statements, create_private, make_private)
+from .schema import (_BROADCASTS_INDEX, _IDEMPOTENCY_SCHEMA, _LIVENESS_INDEX, _SCHEMA, SCHEMA_VERSION,
+                     _hash_clear_tokens, _statements, create_private, make_private)
 from .transaction import SqliteTransaction
 
 
@@ -118,6 +118,8 @@ class SessionStore(base.SessionStore):
                 for statement in _statements(_IDEMPOTENCY_SCHEMA):
                     if not (has_key and statement.lstrip().startswith("ALTER TABLE")):
                         conn.execute(statement)  # (has_key: a store marked older than it is)
+            if version < 5:
+                conn.execute(_LIVENESS_INDEX)
             if version < SCHEMA_VERSION:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         if migrating:

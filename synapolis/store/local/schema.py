@@ -10,7 +10,7 @@ from ..run_tokens import hash_token, is_hashed
 # 2: run tokens are kept as their SHA-256 (store/run_tokens.py), and the files are private (0600/0700)
 # 3: the broadcasts' index by sender (signals_broadcasts_by_sender), or idempotency keys (_IDEMPOTENCY_SCHEMA): two
 #    branches each made a version 3; 4: both, each step idempotent, so a store either one left at 3 is completed
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # session.db, its -wal and -shm hold every agent's signals and (hashed) run token: only their owner may
 # read them, from the moment they exist (SQLite gives -wal and -shm the mode of the database file)
 PRIVATE_FILE = 0o600
@@ -20,6 +20,11 @@ PRIVATE_DIR = 0o700
 # it never walks the broadcasts of its own family (its own and its sub-agents', which it does not see)
 _BROADCASTS_INDEX = ("CREATE INDEX IF NOT EXISTS signals_broadcasts_by_sender ON signals (sender, sequence) "
                      "WHERE recipient = '*'")
+
+# Schema 5: a broadcast's audience (every registered agent, live or waiting) from this index alone: the live
+# ones are one range of it per live status, the rest the ranges around them, so a broadcast reads ids from the
+# index without touching a registration row (issue 31; audience.py)
+_LIVENESS_INDEX = "CREATE INDEX IF NOT EXISTS agents_by_liveness ON agents (status, last_heartbeat, id)"
 
 # EP-0118 §3's five tables exactly as written (names, columns, CHECKs), then our additions.
 # Timestamps we write are RFC 3339 UTC with microseconds (`2026-06-02T10:09:24.123456Z`): fixed

@@ -8,6 +8,7 @@ import sqlite3
 from ...atomic import bump_counter, read_counter
 from ...errors import InternalError
 from .. import base
+from .audience import broadcast_audience
 
 _INSERT_SIGNAL = ("INSERT INTO signals (id, timestamp, sender, recipient, type, content, lamport, reply_to, "
                   "idempotency_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
@@ -89,43 +90,49 @@ class SqliteSignalTransaction(base.Transaction):
     # the caller's row, the token, the insert, the caller's clock; a refusal before anything is written
     offers_send_signal = sqlite3.sqlite_version_info >= (3, 35, 0)  # RETURNING; older: one operation each
 
-    def send_signal(self, signal, *, caller, candidates, rate, moment):
+    judges_audience = True  # send_signal takes the live window and answers a broadcast's audience itself
+
+    def send_signal(self, signal, *, caller, candidates, rate, moment, window=None):
         conn = self.conn
+        heard = None
+        # plain tuples, not sqlite3.Row, for every row read here: what signals.audience reads as it is
+        cursor = conn.cursor()
+        cursor.row_factory = None
         if candidates is None:
             # a broadcast reaches everyone but the sender and the agents it is a sub-agent of: its own
             # chain of ids, excluded by the primary key; only the three fields the audience reads
             parts = signal["sender"].split(".")
             chain = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
-            # plain tuples, not sqlite3.Row: a broadcast reads every registered agent (signals.audience takes both)
-            cursor = conn.cursor()
-            cursor.row_factory = None
-            rows = cursor.execute(f"SELECT id, status, last_heartbeat FROM agents WHERE id NOT IN "
-                                  f"({','.join('?' * len(chain))}) ORDER BY id", chain).fetchall()
-            mine = conn.execute("SELECT lamport FROM agents WHERE id = ?", (caller,)).fetchone() if caller else None
+            rows = None
+            heard = broadcast_audience(cursor, chain, window) if window is not None else None
+            if heard is None:
+                rows = cursor.execute(f"SELECT id, status, last_heartbeat FROM agents WHERE id NOT IN "
+                                      f"({','.join('?' * len(chain))}) ORDER BY id", chain).fetchall()
+            mine = cursor.execute("SELECT lamport FROM agents WHERE id = ?", (caller,)).fetchone() if caller else None
         else:
             wanted = candidates if caller is None or caller in candidates else [*candidates, caller]
-            found = conn.execute("SELECT id, status, last_heartbeat, lamport FROM agents WHERE id IN "
-                                 f"({','.join('?' * len(wanted))}) ORDER BY id", wanted).fetchall()
-            rows = [r for r in found if r["id"] in candidates]
+            found = cursor.execute("SELECT id, status, last_heartbeat, lamport FROM agents WHERE id IN "
+                                   f"({','.join('?' * len(wanted))}) ORDER BY id", wanted).fetchall()
+            rows = [r[:3] for r in found if r[0] in candidates]
             if not rows:
                 return {"refused": "recipient"}
-            mine = next((r for r in found if r["id"] == caller), None)
+            mine = next((r for r in found if r[0] == caller), None)
         if caller is not None and mine is None:
             return {"refused": "caller"}
         if rate is not None:
             # the bucket refilled to `moment` and one token spent in one statement; none returned: empty
             spent = None
             if rate >= 1.0:  # a smaller rate never holds a whole token (the config's is a whole number >= 1)
-                spent = conn.execute(_SPEND_TOKEN, (caller, rate - 1.0, moment, rate, moment, rate / 60.0, moment,
-                                                    rate, moment, rate / 60.0)).fetchone()
+                spent = cursor.execute(_SPEND_TOKEN, (caller, rate - 1.0, moment, rate, moment, rate / 60.0, moment,
+                                                      rate, moment, rate / 60.0)).fetchone()
             if spent is None:
                 row = self.rate_bucket(caller)
                 tokens = rate if row is None else min(rate, row["tokens"] + max(0.0, moment - row["updated_at"])
                                                       * rate / 60.0)
                 return {"refused": "rate", "tokens": tokens}
-        lamport = (int(mine["lamport"]) if caller is not None else self.max_lamport()) + 1
+        lamport = (int(mine[-1]) if caller is not None else self.max_lamport()) + 1  # the row's last field
         signal = dict(signal, lamport=lamport)
-        return {"sequence": self.insert_signal(signal, caller), "lamport": lamport, "rows": rows}
+        return {"sequence": self.insert_signal(signal, caller), "lamport": lamport, "rows": rows, "audience": heard}
 
     def _count_change(self) -> None:
         """Bump the change counter before the commit, under the write lock: whoever reads the counter and then
