@@ -212,6 +212,12 @@ def test_not_yet_lists_only_what_is_still_there():
     assert not gone, "fixed: remove from NOT_YET:\n" + "\n".join(gone)
 
 
+def test_the_map_names_modules_that_exist():
+    """A module renamed or split away from the map's name would quietly become a verb: the map follows it."""
+    _graph, files = graph_of(ROOT / "synapolis")
+    assert sorted((GROUND_MODULES | RULES_MODULES) - set(files)) == []
+
+
 def test_the_store_imports_only_the_ground():
     graph, _files = graph_of(ROOT / "synapolis")
     upward = sorted(f"{module} -> {target}" for module, targets in graph.items() if layer_of(module) == STORE
