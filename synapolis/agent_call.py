@@ -11,7 +11,7 @@ from .errors import ForbiddenError, NoIdentityError, NotFoundError, SynapolisErr
 from .heartbeat import write_heartbeat
 from .identity import Who
 from .sessions import agent_row, each_store, registry_status, ts
-from .store import clock, lend_session, store_for
+from .store import clock, lend_session
 from .timeutil import format_ts
 
 
@@ -165,7 +165,7 @@ class AgentCall:
         elif self.heartbeat is not None:
             # an agent in no session: its beat still reaches a shared store's readers (§12), after the file
             try:
-                store_for(self.ws).put_heartbeat_copy(self.heartbeat, ts(self.now))
+                self.ws.store.put_heartbeat_copy(self.heartbeat, ts(self.now))
             except (SynapolisError, OSError) as exc:
                 if not best_effort:
                     raise

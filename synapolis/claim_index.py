@@ -52,7 +52,7 @@ def nothing_held(ws, env=None) -> bool:
 # --- the questions ---------------------------------------------------------------------------------
 
 def _held(record: dict, now: datetime) -> bool:
-    from .claims import claim_state
+    from .rules.claims import claim_state
 
     return claim_state(record, now) == "held"
 
@@ -61,10 +61,8 @@ def holders_of(ws, rel_paths: list[str], now: datetime) -> dict[str, list[dict]]
     """{path: [records of claims held at `now` whose pattern matches it]} for normalised project-relative
     paths (lower-cased when the project's file system ignores case)."""
     from .project import project_of
-    from .store import store_for
-
     _root, fold = project_of(ws)
-    store = store_for(ws)
+    store = ws.store
     keys = {path: prefixes_of(path.lower()) for path in rel_paths}
     wanted = sorted({p for ps in keys.values() for p in ps})
     candidates = store.path_claim_candidates(wanted)

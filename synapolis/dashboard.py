@@ -17,7 +17,7 @@ from . import actions, board, overview, people, signals
 from .errors import NoIdentityError, SynapolisError, UsageError
 from .identity import Who
 from .sessions import active_sessions, each_store
-from .store import store_for
+
 from .timeutil import utcnow
 
 SIGNALS_SHOWN = 20
@@ -47,13 +47,13 @@ def collect(ws, now: datetime | None = None, *, signals_shown: int = SIGNALS_SHO
     for entry in shown:
         try:
             entry["notes"] = [people.mark(n, "agent_id")
-                              for n in store_for(ws).read_notes(entry["session_id"], notes_shown)]
+                              for n in ws.store.read_notes(entry["session_id"], notes_shown)]
         except (OSError, SynapolisError) as exc:
             entry["notes"] = []
             data["problems"].append(f"notes of {entry['session_id']}: {exc}")
     data["activity"] = shown
     try:
-        data["ledger"] = store_for(ws).read_ledger()[-LEDGER_SHOWN:]
+        data["ledger"] = ws.store.read_ledger()[-LEDGER_SHOWN:]
     except (OSError, SynapolisError) as exc:
         data["ledger"] = []
         data["problems"].append(f"ledger: {getattr(exc, 'message', exc)}")
@@ -152,7 +152,7 @@ def agent_view(ws, agent_id: str, now: datetime | None = None) -> dict:
                 g["direction"] = "out"
             view["signals"] = [people.mark(g, "sender") for g in sorted(mine + sent, key=lambda g: g["sequence"])]
         try:
-            notes = store_for(ws).read_notes(session_id, 4 * NOTES_SHOWN)
+            notes = ws.store.read_notes(session_id, 4 * NOTES_SHOWN)
             view["notes"] = [n for n in notes if n.get("agent_id") == agent_id][-NOTES_SHOWN:]
         except (OSError, SynapolisError) as exc:
             view["problems"] = [f"notes: {getattr(exc, 'message', exc)}"]

@@ -50,12 +50,12 @@ def tell(ws, event_type: str, subject: str, data: dict, *, agent_id, paths, hold
 
     kept = None
     try:
-        from .store import clock, store_for
+        from .store import clock
         from .timeutil import format_ts
 
         kept = event_record(event_type, at=format_ts(clock(ws, now), micro=True), agent_id=agent_id, paths=paths,
                             holders=holders, via=via, line=line, kind=kind)
-        store_for(ws).record_event(kept, KEEP)
+        ws.store.record_event(kept, KEEP)
     except Exception:  # noqa: BLE001 - a store away or a read-only state directory: the refusal stands untold here
         kept = None
     notify.emit(ws, event_type, subject, data, line=line, now=now)
@@ -64,9 +64,7 @@ def tell(ws, event_type: str, subject: str, data: dict, *, agent_id, paths, hold
 
 def recent(ws, limit: int) -> list[dict]:
     """The newest `limit` events of the store (at most KEEP), newest first."""
-    from .store import store_for
-
-    return store_for(ws).recent_events(min(limit, KEEP))
+    return ws.store.recent_events(min(limit, KEEP))
 
 
 # -- the three kinds ------------------------------------------------------------------------------------

@@ -173,10 +173,8 @@ def heartbeat_reads(ws) -> list:
     """Every heartbeat this state directory's readers see: the local files, then, with a shared store,
     the copies of agents on other machines (those with no local file), checked the same way."""
     from .heartbeat import HeartbeatRead, quick_check, schema_errors
-    from .store import store_for
-
     reads = read_all_heartbeats(ws.paths, reuse=True)
-    store = store_for(ws)
+    store = ws.store
     if store.kind == "sqlite":
         return reads
     local = {r.agent_id for r in reads}

@@ -26,14 +26,10 @@ _TAGS = {"opened": "warning", "raised": "rotating_light", "renotified": "warning
 
 
 def wants(target: dict, event_type: str) -> bool:
-    """Whether `target` takes events of `event_type`: all of them without `events`, else the listed types or
-    shell-style patterns (`io.synapolis.incident.*`)."""
-    events = target.get("events")
-    if not events:
-        return True
-    from fnmatch import fnmatchcase
+    """Whether `target` takes events of `event_type` (the sender's rule, `notify_send.wants`)."""
+    from .notify_send import wants as sender_wants  # the sender owns the rule; imported only when a target exists
 
-    return any(fnmatchcase(event_type, pattern) for pattern in events)
+    return sender_wants(target, event_type)
 
 
 def scrub(data):

@@ -21,6 +21,17 @@ BACKOFF_FACTOR = 1.5
 FAILURE_LOG_MAX = 1024 * 1024  # notify-failures.jsonl past this moves to notify-failures.jsonl.1
 
 
+def wants(target: dict, event_type: str) -> bool:
+    """Whether `target` takes events of `event_type`: all of them without `events`, else the listed types or
+    shell-style patterns (`io.synapolis.incident.*`)."""
+    events = target.get("events")
+    if not events:
+        return True
+    from fnmatch import fnmatchcase
+
+    return any(fnmatchcase(event_type, pattern) for pattern in events)
+
+
 def redact(url: str) -> str:
     """The target's URL as logs and reports show it: without user, password or query (ntfy takes an access
     token as `?auth=`), so no secret of the person's own lands in a file either."""
@@ -115,8 +126,6 @@ def send_pass(targets: list, messages: list, backoff_factor: float = BACKOFF_FAC
               deadline_s: float = DEADLINE_S) -> list:
     """Send one pass: each target in its own thread, its messages in order; a target whose message still
     fails after its tries (or whose deadline passes) gets no more of this pass. One summary per target."""
-    from .notify import wants
-
     summaries = [{"url": redact(t.get("url", "")), "format": t.get("format"), "delivered": 0, "undelivered": 0,
                   "results": [], "error": None} for t in targets]
     started = time.monotonic()

@@ -27,8 +27,6 @@ both functions against `pathspec` as an independent oracle (tests/test_pathpatte
 
 from __future__ import annotations
 
-from .names import is_name  # noqa: F401  (a claim item's kind: here with the rest of the item rules' readers)
-
 GLOBSTAR = "**"  # a segment matching any number of segments
 _STAR = 0  # a token: any run of characters within a segment
 _ANY = 1  # a token: any one character (`?`)

@@ -14,7 +14,7 @@ from . import retries, signals as sig
 from .errors import UsageError
 from .names import PERSON_PREFIX as PREFIX, sha256_hex, validate_session_id
 from .sessions import read_session
-from .store import clock, open_session, store_for
+from .store import clock, open_session
 from .store.base import KeyTaken
 
 
@@ -68,7 +68,7 @@ def note(ws, name: str, session_id: str, text: str, now: datetime | None = None,
     now = clock(ws, now)
     writer = person_id(name)
     try:
-        with store_for(ws).note_appender(session_id) as add, open_session(ws, session_id) as store, \
+        with ws.store.note_appender(session_id) as add, open_session(ws, session_id) as store, \
                 store.write() as conn:
             written = add(conn, writer, text, now, key)
         replayed = {}

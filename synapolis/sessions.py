@@ -6,7 +6,7 @@ from datetime import datetime
 
 from .errors import NotFoundError, SynapolisError
 from .names import generate_session_id, validate_session_id
-from .store import clock, open_session, store_for
+from .store import clock, open_session
 from .timeutil import format_ts
 
 # registry statuses (EP-0118's CHECK); a declared `stopped` is `sleeping` there
@@ -41,31 +41,31 @@ def ensure_session(ws, session_id: str | None = None, now: datetime | None = Non
     now = clock(ws, now)
     ws.ensure()
     session_id = validate_session_id(session_id) if session_id is not None else generate_session_id()
-    return session_id, store_for(ws).create_session(session_id, format_ts(now))
+    return session_id, ws.store.create_session(session_id, format_ts(now))
 
 
 def session_exists(ws, session_id: str) -> bool:
-    return store_for(ws).session_exists(session_id)
+    return ws.store.session_exists(session_id)
 
 
 def read_session(ws, session_id: str) -> dict:
     """The document of `session_id` (session.json on SQLite); NotFoundError when there is no such session."""
-    return store_for(ws).read_session(session_id)
+    return ws.store.read_session(session_id)
 
 
 def end_session(ws, session_id: str, now: datetime | None = None) -> dict:
     """Mark a session `ended` (the last agent's consensus sleep does this)."""
-    return store_for(ws).set_session_status(session_id, "ended", format_ts(clock(ws, now)))
+    return ws.store.set_session_status(session_id, "ended", format_ts(clock(ws, now)))
 
 
 def reopen_session(ws, session_id: str, now: datetime | None = None) -> dict:
     """Mark an ended session `active` again (an agent started in it by name)."""
-    return store_for(ws).set_session_status(session_id, "active", format_ts(clock(ws, now)))
+    return ws.store.set_session_status(session_id, "active", format_ts(clock(ws, now)))
 
 
 def all_sessions(ws) -> list[dict]:
     """Every readable session document, oldest id first."""
-    return store_for(ws).list_sessions()
+    return ws.store.list_sessions()
 
 
 def active_sessions(ws) -> list[str]:

@@ -2,20 +2,22 @@
 
 Every function here runs inside a transaction the caller holds (a store.Transaction from
 `SessionStore.write()`/`.read()`), so a drain marks exactly the rows it returns in the same
-transaction (SPEC-037). The decisions are here; the store only fetches and stores.
+transaction (SPEC-037). The pure rules (visibility, audience, pages, the rate bucket) are rules/signals.py,
+re-exported here; the store only fetches and stores.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from .errors import ForbiddenError, NotFoundError, RateLimitedError, UsageError
+from .errors import ForbiddenError, NotFoundError, UsageError
 from .names import PERSON_PREFIX, check_content, is_subagent_of, sha256_hex, validate_agent_id
+from .rules.signals import (BROADCAST, audience, bucket_tokens, fit, is_visible, json_cost,  # noqa: F401 - as before
+                            next_lamport, rate_limited_error, recipient_chain)
 from .sessions import agent_row, ts
 
 TYPES = ("inform", "query", "delegate", "ack", "warn", "sleep_event", "sleep_request")
 METHODS = ("startup_drain", "piggyback", "poll", "push", "hook")
-BROADCAST = "*"
 # who system messages (the escalation writer's `warn`) come from; not a registered agent
 SYSTEM_SENDER = "synapolis.watchdog"
 MAX_HOOK_OFFERS = 3
@@ -26,14 +28,6 @@ _HEX = "0123456789abcdef"
 def signal_id(sender: str, recipient: str, type_: str, content: str, timestamp: str) -> str:
     """EP-0118 §3: SHA-256 hex of `sender|recipient|type|content|timestamp`."""
     return sha256_hex(f"{sender}|{recipient}|{type_}|{content}|{timestamp}".encode("utf-8"))
-
-
-def is_visible(row, agent_id: str) -> bool:
-    """Whether reader `agent_id` sees this signal at all (history included)."""
-    recipient, sender = row["recipient"], row["sender"]
-    if recipient == BROADCAST:
-        return sender != agent_id and not is_subagent_of(sender, agent_id)
-    return recipient == agent_id or is_subagent_of(recipient, agent_id)
 
 
 def as_dict(row) -> dict:
@@ -102,26 +96,6 @@ PIGGYBACK_BUDGET_CHARS = 32 * 1024
 COUNT_CAP = 1000  # `remaining` counts up to this; COUNT_CAP means "this many or more"
 
 
-def json_cost(signal: dict) -> int:
-    """About how many characters `signal` takes in a JSON answer: its content escaped, plus the rest."""
-    import json
-
-    return len(json.dumps(signal["content"])) + len(signal["sender"]) + len(signal["recipient"]) + 360
-
-
-def fit(signals: list, limit: int | None, budget_chars: int | None, at_least_one: bool = True) -> int:
-    """How many leading `signals` make a page within `limit` and `budget_chars`. With `at_least_one`
-    the first is always in (one signal over the budget must not stall paging); a hook's hard cap is not."""
-    used = 0
-    for count, item in enumerate(signals):
-        if limit is not None and count >= limit:
-            return count
-        used += json_cost(item)
-        if budget_chars is not None and used > budget_chars and not (at_least_one and count == 0):
-            return count
-    return len(signals)
-
-
 def page(tx, agent_id: str, *, unread_only: bool = True, after: int | None = None, limit: int | None = None,
          budget_chars: int | None = None) -> dict:
     """Pure: one page of the reader's signals, oldest first: `signals`, `remaining` (not in the page, in
@@ -180,13 +154,6 @@ def audience_rows(tx, recipient: str, sender: str, caller: str | None = None) ->
     return rows, mine
 
 
-def recipient_chain(recipient: str) -> list[str]:
-    """The registered ids a directed signal may reach: the recipient and each agent it is a sub-agent of
-    ("a.b.c": a, a.b, a.b.c)."""
-    parts = recipient.split(".")
-    return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
-
-
 def _unknown_recipient(recipient: str) -> NotFoundError:
     return NotFoundError(f"unknown recipient {recipient!r}: no agent {recipient_chain(recipient)[0]!r} is "
                          "registered in this session (use '*' to broadcast)")
@@ -196,43 +163,14 @@ def _unknown_caller(caller: str) -> NotFoundError:
     return NotFoundError(f"agent {caller!r} is not registered in this session")
 
 
-def audience(rows, now: datetime, config) -> dict:
-    """Which recipients are live and which the signal waits for (stale, asleep, stopped). `rows`: registry rows
-    (by name: `id`, `status`, `last_heartbeat`), or plain (id, status, last_heartbeat) tuples."""
-    from .status import LIVE_REGISTRY_STATUSES, registry_window  # a send's alone among the hot verbs
-
-    # status.registry_live, written out once for every row: a broadcast judges each registered agent
-    cutoff, ceiling = registry_window(now, config)
-    live, waiting, status = [], [], {}
-    if rows and not isinstance(rows[0], tuple):  # registry rows by name; (id, status, last_heartbeat) as they are
-        rows = [(r["id"], r["status"], r["last_heartbeat"]) for r in rows]
-    for agent_id, state, beat in rows:
-        if state in LIVE_REGISTRY_STATUSES:
-            if beat and cutoff <= beat <= ceiling:
-                live.append(agent_id)
-                continue
-            state = "stale"
-        waiting.append(agent_id)
-        status[agent_id] = state
-    return {"live": live, "waiting": waiting, "waiting_status": status}
-
-
 def take_token(tx, agent_id: str, now: datetime, config) -> None:
     """The per-agent token bucket: rate_limit_per_min, refilled continuously; RateLimitedError past it."""
     rate = float(config.rate_limit_per_min)
-    per_s = rate / 60.0
     moment = now.timestamp()
-    row = tx.rate_bucket(agent_id)
-    tokens = rate if row is None else min(rate, row["tokens"] + max(0.0, moment - row["updated_at"]) * per_s)
+    tokens = bucket_tokens(tx.rate_bucket(agent_id), moment, rate)
     if tokens < 1.0:
-        raise _rate_limited(agent_id, tokens, rate)
+        raise rate_limited_error(agent_id, tokens, rate)
     tx.set_rate_bucket(agent_id, tokens - 1.0, moment)
-
-
-def _rate_limited(agent_id: str, tokens: float, rate: float) -> RateLimitedError:
-    wait = (1.0 - tokens) / (rate / 60.0)
-    return RateLimitedError(f"{agent_id} has sent {int(rate)} signals in the last minute "
-                            f"(rate_limit_per_min): retry in {wait:.1f} s", retry_after_s=wait)
 
 
 def find_signal(tx, ref: str, agent_id: str | None = None):
@@ -281,12 +219,11 @@ def send(tx, *, caller: str | None, recipient: str, content: str, now: datetime,
         clock = int(mine["lamport"])
     else:
         clock = tx.max_lamport()
-    reply_id = None
+    reply_id = replied_clock = None
     if reply_to:
         replied = find_signal(tx, reply_to)
-        reply_id = replied["id"]
-        clock = max(clock, int(replied["lamport"]))
-    lamport = clock + 1
+        reply_id, replied_clock = replied["id"], int(replied["lamport"])
+    lamport = next_lamport(clock, replied_clock)
     moment = now
     while True:
         signal = _new_signal(sender, recipient, type_, content, moment, lamport, reply_id, idempotency_key)
@@ -331,7 +268,7 @@ def _send_in_one_call(tx, *, caller, sender, recipient, type_, content, now, con
         if refused == "caller":
             raise _unknown_caller(caller)
         if refused == "rate":
-            raise _rate_limited(caller, float(outcome["tokens"]), rate)
+            raise rate_limited_error(caller, float(outcome["tokens"]), rate)
         signal["lamport"] = int(outcome["lamport"])
         if outcome.get("sequence") is not None:
             signal["sequence"] = int(outcome["sequence"])

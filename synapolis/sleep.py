@@ -7,12 +7,12 @@ import json
 from datetime import datetime
 
 from .errors import UsageError
-from .names import check_limit, normalise_memory as normalise, validate_agent_id
+from .names import check_limit, validate_agent_id
+from .rules.merge import LEDGER_SCHEMA_VERSION, _moment, memory_id, merge_memories, normalise  # noqa: F401 - sleep's merge, importable here as before
 from .store.ledger import LedgerHoldings, new_ledger_lines  # noqa: F401
 from .store.local.ledger import LedgerReader, append_to_ledger, read_ledger  # noqa: F401
-from .timeutil import created_moment as _moment, format_ts, parse_ts
+from .timeutil import parse_ts
 
-LEDGER_SCHEMA_VERSION = 1
 MAX_INPUT_BYTES = 4 * 1024 * 1024   # a whole --memories document
 MAX_MEMORIES = 1000                 # per call
 MAX_TEXT_BYTES = 65536              # one memory's text (UTF-8)
@@ -136,74 +136,12 @@ def parse_memories(text) -> list[dict]:
 _NOT_JSON = object()
 
 
-# --- the merge (pure) ----------------------------------------------------------------------------
-
-def memory_id(norm: str, key: str | None) -> str:
-    identity = f"key\0{key}\0{norm}" if key is not None else f"text\0{norm}"
-    return hashlib.sha256(identity.encode("utf-8")).hexdigest()
-
-
-def merge_memories(entries, now: datetime) -> list[dict]:
-    """Merge staged memories into ledger lines; pure.
-
-    `entries`: dicts with `text`, optional `key` and `tags`, `agent_id` (the source) and
-    `created_at`. Memories without a key that are equal after `normalise` become one line; all
-    memories of one key become one line holding the newest value (ties: the later entry), with the
-    older distinct values kept under `superseded`. Each line has the sorted union of the `sources`
-    and `tags` of what went into it. Lines come out in the order their first memory was made.
-    Session fields (`session_id`, `merged_by`) are added by the caller.
-    """
-    ordered = sorted(enumerate(entries), key=lambda pair: (_moment(pair[1]), pair[0]))
-    groups: dict[tuple, list[dict]] = {}
-    for _, entry in ordered:
-        norm = normalise(entry["text"])
-        key = entry.get("key")
-        group_key = ("key", key) if key is not None else ("text", norm)
-        groups.setdefault(group_key, []).append({**entry, "norm": norm})
-    merged_at = format_ts(now, micro=True)
-    lines = []
-    for members in groups.values():
-        newest = members[-1]
-        line = {
-            "schema_version": LEDGER_SCHEMA_VERSION,
-            "id": memory_id(newest["norm"], newest.get("key")),
-            "text": newest["text"],
-            "norm": newest["norm"],
-        }
-        if newest.get("key") is not None:
-            line["key"] = newest["key"]
-        line["tags"] = sorted({t for m in members for t in (m.get("tags") or [])})
-        line["sources"] = sorted({m["agent_id"] for m in members})
-        line["created_at"] = format_ts(_moment(newest), micro=True)
-        line["merged_at"] = merged_at
-        older = _superseded(members)
-        if older:
-            line["superseded"] = older
-        lines.append(line)
-    return lines
-
-
-def _superseded(members: list[dict]) -> list[dict]:
-    """The older distinct values of one key (oldest first), each with who said it and when last."""
-    winner = members[-1]["norm"]
-    values: dict[str, dict] = {}
-    for m in members:  # oldest first, so the last write of a slot is its newest use
-        if m["norm"] != winner:
-            slot = values.setdefault(m["norm"], {"sources": set()})
-            slot["sources"].add(m["agent_id"])
-            slot["last"] = m
-    return [{"text": v["last"]["text"], "sources": sorted(v["sources"]),
-             "created_at": format_ts(_moment(v["last"]), micro=True)} for v in values.values()]
-
-
 # --- the ledger (its holdings and its file are the store's: store/ledger.py, store/local/ledger.py) ---
 
 def memories(ws, *, limit: int | None = None) -> dict:
     """`synapolis memories`: the consolidated ledger from the store, the newest `limit` lines, oldest first."""
-    from .store import store_for
-
     check_limit(limit)
-    store = store_for(ws)
+    store = ws.store
     lines = store.read_ledger()
     total = len(lines)
     if limit is not None:
@@ -213,6 +151,8 @@ def memories(ws, *, limit: int | None = None) -> dict:
               "session_id": line.get("session_id")} for line in lines if isinstance(line.get("text"), str)]
     return {"memories": shown, "total": total, "ledger": store.ledger_location()}
 
+
+# --- the protocol --------------------------------------------------------------------------------
 
 def coerce_memories(memories) -> list[dict]:
     """What `tired` accepts: None, the CLI's text (JSON array or JSON lines), or a list of strings/objects."""
@@ -281,11 +221,9 @@ def consolidate(tx, ws, *, session_id: str, agent_id: str, now: datetime, announ
     """
     from . import signals as sig
 
-    from .store import store_for
-
     entries, broken = staged_entries(tx)
     merged = merge_memories(entries, now)
-    store = store_for(ws)
+    store = ws.store
     written, held = store.append_ledger(tx, merged, session_id=session_id, merged_by=agent_id, reader=reader)
     ids = [e["staged_id"] for e in entries]
     tx.unstage(ids)
@@ -353,9 +291,7 @@ def tired(ws, who=None, *, memories=None, env=None, piggyback: bool = True, now:
                 result["still_staged"] = tx.count_staged()
             call.finish(result, tx, beat={"status": "idle"}, durable=True)
         if result["outcome"] == "consolidated":
-            from .store import store_for
-
-            result["ledger"] = store_for(ws).ledger_location()
+            result["ledger"] = ws.store.ledger_location()
             result["session_status"] = "ended" if ended_before else end_session(ws, session_id, moment)["status"]
         else:
             result["session_status"] = "active"

@@ -38,9 +38,9 @@ def run_watchdog(ws, now: datetime | None = None, on_alert=None) -> dict:
     from .escalation import run_escalation
     from .monitor import heartbeat_reads, run_monitor
 
-    from .store import clock, store_for
+    from .store import clock
 
-    store = store_for(ws)
+    store = ws.store
     now = clock(ws, now)
     # one pass at a time: on this machine (a file lock), and across every machine sharing a store
     with store.exclusive_pass("watchdog", ws.paths.lock("watchdog")) as got:

@@ -1,4 +1,4 @@
-"""An opened state directory: its paths and config, created on the first write (contract §1)."""
+"""An opened state directory: its paths, its config and its store, created on the first write (contract §1)."""
 
 from __future__ import annotations
 
@@ -14,14 +14,35 @@ if TYPE_CHECKING:  # annotations only: the hot paths never load pathlib (paths.S
 
 
 class Workspace:
-    """One state directory opened: `paths` (every file name) and `config` (synapolis.json)."""
+    """One state directory opened: `paths` (every file name), `config` (synapolis.json) and `store` (its Store)."""
 
     # a plain class, not a dataclass: building one at import costs start-up time on every CLI call
-    __slots__ = ("paths", "config")
+    __slots__ = ("paths", "config", "_store")
 
     def __init__(self, paths: StatePaths, config: Config):
         self.paths = paths
         self.config = config
+        self._store = None  # (pid, Store) once asked for: `store`
+
+    @property
+    def store(self):
+        """This state directory's Store (store.store_for), opened on first use and kept: a verb asks its
+        workspace, never looks the store up again mid-call. A forked child opens its own (a connection to a
+        database server is never shared across processes)."""
+        kept = self._store
+        pid = os.getpid()
+        if kept is None or kept[0] != pid:
+            from .store import store_for  # the layer below; imported where a verb first needs it
+
+            kept = self._store = (pid, store_for(self))
+        store = kept[1]
+        if store.ws is not self:  # a shared store (one per server URL) acts for the workspace asking
+            store.ws = self
+        return store
+
+    def __reduce__(self):
+        # pickled (multiprocessing) without its store: the other process opens its own
+        return (type(self), (self.paths, self.config))
 
     def __repr__(self) -> str:
         return f"Workspace(paths={self.paths!r}, config={self.config!r})"
@@ -34,14 +55,6 @@ class Workspace:
     @property
     def root(self) -> Path:
         return self.paths.root
-
-    @property
-    def store(self):
-        """This state directory's store (store.store_for): what a module below the verbs (status) is handed
-        instead of importing the store package."""
-        from .store import store_for
-
-        return store_for(self)
 
     @property
     def files(self) -> StateFiles:

@@ -77,7 +77,9 @@ def no_postgres(reason: str):
 @pytest.fixture(scope="session")
 def pg_server():
     """(admin URL, cluster dir or None): $SYNAPOLIS_TEST_PG_URL, else a throwaway server started with
-    scripts/synapolis-test-postgres for this run (stopped at the end)."""
+    scripts/synapolis-test-postgres for this run (stopped at the end). Under pytest-xdist each worker is a
+    session of its own: the workers share the server of $SYNAPOLIS_TEST_PG_URL, or each starts its own (a
+    fresh folder, a free port); either way every test makes its own database (`pg_url`)."""
     url = os.environ.get("SYNAPOLIS_TEST_PG_URL")
     try:
         import psycopg  # noqa: F401
@@ -240,6 +242,31 @@ def wait_until(predicate, deadline_s: float = 20, what: str | None = None, inter
         if time.monotonic() >= deadline:
             pytest.fail(f"waited {deadline_s:g} s for {what or getattr(predicate, '__name__', 'a condition')}")
         time.sleep(interval_s)
+
+
+async def wait_until_async(predicate, deadline_s: float = 20, what: str | None = None, interval_s: float = 0.02):
+    """`wait_until` inside an event loop (anyio): the same poll and the same failure, in a worker thread, so the
+    loop runs on meanwhile (the tasks the test waits on go on); `predicate` must be safe to call from there."""
+    import anyio
+
+    return await anyio.to_thread.run_sync(lambda: wait_until(predicate, deadline_s, what, interval_s))
+
+
+def processes_running(*words) -> list[int]:
+    """The ids of this machine's processes whose command line holds every one of `words` (read from /proc):
+    for waiting until a detached process a test cannot hold a handle on (the notification sender) is gone."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                line = handle.read().replace(b"\0", b" ").decode("utf-8", "replace")
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+        if all(word in line for word in words):
+            found.append(int(entry))
+    return found
 
 
 @pytest.fixture
@@ -427,11 +454,22 @@ def start_server(state_dir, *args, timeout=30, env=None, preexec_fn=None):
         found = re.search(r"listening on (https?://\S+)", line)
         if found:
             proc.said = seen
-            threading.Thread(target=lambda: seen.extend(proc.stderr), daemon=True).start()
+            # `proc.reader`: joined once the process has exited, everything it said is in `proc.said`
+            proc.reader = threading.Thread(target=lambda: seen.extend(proc.stderr), daemon=True)
+            proc.reader.start()
             return proc, found.group(1)
     proc.kill()
     proc.wait()
     raise AssertionError(f"synapolis serve did not start: {''.join(seen)}")
+
+
+def everything_said(proc, timeout: float = 10) -> str:
+    """All a server of `start_server` said on stderr, once it has exited: its reader has reached the end of
+    the pipe (joined), so no last line is still on its way."""
+    assert proc.poll() is not None, "the server is still running: stop it first"
+    proc.reader.join(timeout)
+    assert not proc.reader.is_alive(), f"the server's stderr was still open {timeout:g} s after it exited"
+    return "".join(proc.said)
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from datetime import timedelta
 
 import pytest
@@ -516,7 +515,9 @@ def test_context_manager_renews_while_held_and_releases(ws, cli):
 
         doc = wait_until(renewed, 10, "the helper to renew the lease")
         assert doc["token"] == 1
-        time.sleep(2.0)  # longer than the ttl: only renewal (every ttl/3) keeps it live, even on a loaded machine
+        # until the first lease would have ended: only renewal (every ttl/3) keeps it live, even on a loaded machine
+        wait_until(lambda: schema_ok(ws, "ticket:142")["renewed_at"] > first_expiry, 10,
+                   "a renewal after the first lease's expiry")
         assert c.check()["token"] == 1 and c.lost is None
     final = schema_ok(ws, "ticket:142")
     assert final["released_at"] and final["released_by"] == "alice"

@@ -250,8 +250,10 @@ def test_a_config_broken_while_serving_is_an_error_answer_not_a_500(served, cli)
                        http.post("/api/post", data={"kind": "note", "session_id": session, "text": "x"})):
             assert answer.status_code == 400, answer.text
             assert answer.json()["error"]["type"] == "UsageError" and "synapolis.json" in answer.json()["error"]["message"]
-    time.sleep(0.5)  # the server's log is read as it comes
-    assert "Traceback" not in "".join(served.proc.said)
+    from conftest import everything_said, stop
+
+    stop(served.proc)  # its log whole: everything it said until it stopped
+    assert "Traceback" not in everything_said(served.proc)
 
 
 def test_with_run_tokens_required_a_pinned_token_posts_as_its_agent_before_and_after_a_restart(state_dir, cli):

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import clean_env, synapolis_cmd
-from synapolis import doctor, schemas
+from synapolis import schemas
+from synapolis.harness import doctor
 from synapolis.harness import install as hook_install, settings as harness_settings
 
 

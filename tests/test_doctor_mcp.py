@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from conftest import clean_env, synapolis_cmd
-from synapolis import doctor
+from synapolis.harness import doctor
 
 VAR = "SYNAPOLIS_TEAM_TOKEN"
 

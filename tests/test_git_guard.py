@@ -123,7 +123,7 @@ def test_install_git_outside_a_repository_is_a_usage_error(tmp_path, state_dir):
 
 
 def test_doctor_checks_the_git_hooks_program(repo):
-    from synapolis import doctor
+    from synapolis.harness import doctor
 
     project, ws = repo
     install(project, ws)

@@ -21,7 +21,7 @@ import subprocess
 import pytest
 
 from conftest import CodexAppServer, ModelStandIn, console_script, harness_binary
-from synapolis import doctor
+from synapolis.harness import doctor
 from synapolis.harness import install as hook_install, settings as harness_settings
 
 CODEX = harness_binary("codex")

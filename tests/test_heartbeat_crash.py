@@ -76,7 +76,7 @@ def test_sigkilled_writer_never_leaves_a_torn_heartbeat(ws, tmp_path):
             writer = subprocess.Popen([sys.executable, "-c", WRITER, str(ws.root)], stdout=subprocess.PIPE, text=True)
             try:
                 assert writer.stdout.readline().strip() == "beating"
-                time.sleep(rng.uniform(0.0, 0.08))
+                time.sleep(rng.uniform(0.0, 0.08))  # where the kill lands: a random moment mid-write, not a wait
             finally:
                 writer.send_signal(signal.SIGKILL)
                 writer.wait(timeout=30)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from synapolis import doctor
+from synapolis.harness import doctor
 from synapolis.harness import install as hook_install
 
 from conftest import clean_env, console_script

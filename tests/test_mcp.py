@@ -16,11 +16,12 @@ pytestmark = pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning")
 
 from mcp import Client, MCPError  # noqa: E402
 
-from conftest import DEADLINE_S, Inbox, fails, ok, ts_sdk1_check  # noqa: E402
+from conftest import DEADLINE_S, Inbox, fails, ok, ts_sdk1_check, wait_until  # noqa: E402
 from synapolis import actions  # noqa: E402
 from synapolis.identity import Who  # noqa: E402
 from synapolis.mcp.server import create_server  # noqa: E402
 from synapolis.mcp.watch import inbox_uri, notes_uri, parse_uri  # noqa: E402
+from synapolis.store import store_for  # noqa: E402
 from synapolis.errors import UsageError  # noqa: E402
 
 LEGACY, MODERN = "legacy", "2026-07-28"
@@ -332,7 +333,9 @@ def test_a_waiting_verb_never_holds_up_a_push(server, ws):
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(wait_for_the_claim)
-                await anyio.sleep(0.3)  # the claim is waiting now
+                await anyio.to_thread.run_sync(lambda: wait_until(  # the claim is waiting now: its waiter is recorded
+                    lambda: [w for w in store_for(ws).waits() if (w["agent_id"], w["item"]) == ("bob", "ticket:1")],
+                    DEADLINE_S, "bob's claim to wait"))
                 await anyio.to_thread.run_sync(lambda: actions.signal(ws, who, "bob", "while you wait", env={}))
                 await seen.wait_for(mine)
                 assert answer == []  # the push came while the claim still waited
@@ -386,7 +389,9 @@ def test_once_subscribed_a_verb_on_a_locked_store_waits_off_the_event_loop(serve
             try:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(write)
-                    await anyio.sleep(0.3)  # the call waits for the lock now
+                    # a fixed sleep: a writer waiting in SQLite's busy handler leaves no trace another process can
+                    # see, so the call gets a moment to reach its wait (the push must come while it waits)
+                    await anyio.sleep(0.3)
                     await anyio.to_thread.run_sync(lambda: _note_beside_the_lock(ws, session, "meanwhile"))
                     await seen.wait_for(notes_uri(session))
                     assert answer == []

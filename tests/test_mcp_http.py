@@ -17,7 +17,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning")
 import httpx2  # noqa: E402  (the SDK's HTTP client library)
 from mcp import MCPError  # noqa: E402
 
-from conftest import DEADLINE_S, Inbox, fails, mcp_http_client, ok, start_server  # noqa: E402
+from conftest import DEADLINE_S, Inbox, fails, mcp_http_client, ok, start_server, wait_until_async  # noqa: E402
 from synapolis.mcp.watch import inbox_uri, notes_uri  # noqa: E402
 
 LEGACY, MODERN = "legacy", "2026-07-28"
@@ -378,7 +378,9 @@ def test_a_revoked_tokens_open_push_streams_carry_nothing_more(served, cli):
                         event = None
                     else:
                         pytest.fail(f"a revoked token's listen stream carried {event}")
-                await anyio.sleep(0.5)  # the GET stream had as long
+                # a fixed sleep: nothing shows that a push was NOT sent; the GET stream gets a window past the
+                # listen stream's (which may have ended at once) for a wrongly sent one to arrive
+                await anyio.sleep(0.5)
                 assert len(seen.uris) == pushed, seen.uris[pushed:]
 
     run(main)
@@ -604,7 +606,9 @@ def test_a_call_waiting_on_a_locked_store_holds_up_no_other_client_push_or_page(
                     waited["s"] = time.monotonic() - began
 
                 tg.start_soon(signal_dave)
-                await anyio.sleep(0.5)  # alice's call is in the server by now, waiting for the lock
+                # a fixed sleep: alice's call waits in SQLite's busy handler, which leaves no trace another
+                # process can see; a moment for it to get there, so what follows runs beside a waiting call
+                await anyio.sleep(0.5)
                 with anyio.fail_after(DEADLINE_S):  # all of it while alice's call still waits
                     await bob.send_ping()
                     entry = await ok(bob, "write_whiteboard", key="k", value="v")
@@ -616,13 +620,11 @@ def test_a_call_waiting_on_a_locked_store_holds_up_no_other_client_push_or_page(
                         lambda: cli("signal", "bob", "pushed", "--agent-id", "carol"))
                     assert done.returncode == 0, done.stderr
                     await seen.wait_for(mine, DEADLINE_S)
-                    while not [t for t in changes if t > before_push]:
-                        await anyio.sleep(0.02)
+                    await wait_until_async(lambda: [t for t in changes if t > before_push], DEADLINE_S,
+                                           "the page's change event")
                 assert "result" not in waited, "alice's call did not wait for the locked store"
             # the lock is gone (its holder was killed): the waiting call goes through, and stores its signal once
-            with anyio.fail_after(DEADLINE_S):
-                while "result" not in waited:
-                    await anyio.sleep(0.02)
+            await wait_until_async(lambda: "result" in waited, DEADLINE_S, "the waiting call to go through")
             assert waited["result"]["signal"]["content"] == "once"
             read = await anyio.to_thread.run_sync(
                 lambda: cli("read-signals", "--agent-id", "dave", "--session-id", locked_session, "--json"))

@@ -138,7 +138,7 @@ def test_writers_killed_mid_write_leave_nothing_a_later_verb_chokes_on(ws, cli, 
         writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(ws.root), session], stdout=subprocess.PIPE,
                                   text=True, env=clean_env())
         assert writer.stdout.readline().strip() == "writing"
-        time.sleep(rng.uniform(0.05, 0.6))
+        time.sleep(rng.uniform(0.05, 0.6))  # where the kill lands: a random moment mid-write, not a wait
         writer.send_signal(signal.SIGKILL)
         writer.wait(timeout=10)
     alice = ["--agent-id", "alice", "--session-id", session]

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import configure, refuse_a_deadlock, synapolis_cmd, clean_env, wait_until
+from conftest import configure, refuse_a_deadlock, synapolis_cmd, clean_env, processes_running, wait_until
 from synapolis import notify
 from synapolis.atomic import atomic_write_json, read_jsonl
 from synapolis.notify_send import deliver
@@ -28,6 +28,13 @@ def escalate(state_dir, timeout=30):
                             timeout=timeout, env=clean_env())
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
+
+
+def senders_done(state_dir, deadline_s: float = 30) -> None:
+    """Wait until no notification sender of this state directory runs (each is a detached process whose spool
+    lies under it): everything handed over by now has reached the receiver, or been given up."""
+    wait_until(lambda: not processes_running("synapolis.notify_send", str(state_dir)), deadline_s,
+               "the notification senders to finish")
 
 
 def incident_id(state_dir, agent):
@@ -92,7 +99,7 @@ def test_a_receiver_failing_twice_gets_three_tries_of_one_event_id(ws, receiver,
     put_monitor(ws, worker="dead")
     escalate(state_dir)
     wait_until(lambda: len(receiver.at("/ce")) == 3, 20, "three tries")
-    time.sleep(0.5)  # a fourth try would come at once after the third answer
+    senders_done(state_dir)  # a fourth try would come from the sender, before it ends
     tries = receiver.at("/ce")
     assert len(tries) == 3
     assert len({json.loads(t["body"])["id"] for t in tries}) == 1
@@ -108,7 +115,7 @@ def test_a_target_still_failing_is_logged_once_per_pass_and_the_pass_succeeds(ws
     assert [e["event"] for e in result["events"]] == ["opened", "opened"]
     log = state_dir / notify.FAILURE_LOG
     wait_until(log.exists, 20, "the failure log")
-    time.sleep(0.3)
+    senders_done(state_dir)  # the log is whole once its sender has ended
     (line,) = read_jsonl(log)
     assert line["url"] == receiver.url("/down") and line["error"] == "HTTP 500 after 3 tries"
     assert line["delivered"] == 0 and line["undelivered"] == 2
@@ -130,7 +137,7 @@ def test_the_event_filter(ws, receiver, state_dir):
     assert notify.emit(Workspace.open(state_dir), notify.GUARD_DENIED, "src/app.py", {"tool": "Edit"},
                        line="guard refused Edit of src/app.py")
     wait_until(lambda: receiver.at("/guard"), 15, "the guard notice")
-    time.sleep(0.5)
+    senders_done(state_dir)  # anything wrongly sent to /resolved has arrived by then
     assert [json.loads(r["body"])["text"].split(":")[0] for r in receiver.at("/resolved")] == ["resolved"]
     assert len(receiver.at("/incidents")) == 2 and len(receiver.at("/guard")) == 1
     assert json.loads(receiver.at("/guard")[0]["body"])["text"] == "guard refused Edit of src/app.py"
@@ -266,5 +273,5 @@ def test_an_edit_refused_by_the_harness_hook_is_told(ws, receiver, state_dir):
     ws = configure(ws, guard={"mode": "warn", "auto_claim": False})
     warned = hooks.handle("claude-code", edit, state_dir=ws.paths.root, env={})
     assert "permissionDecision" not in json.dumps(warned["output"])
-    time.sleep(1)  # the sender is a detached process: give a wrongly handed-over event time to arrive
+    senders_done(ws.paths.root)  # the sender is a detached process: a wrongly handed-over event has arrived once it ends
     assert len(receiver.at("/ce")) == 1

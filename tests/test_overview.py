@@ -115,7 +115,9 @@ def test_watch_redraws_when_the_state_directory_changes(state_dir, spawn):
     reader.start()
     wait_until(lambda: lines, 20, "the first frame")
     assert lines[0]["agents"] == []
-    time.sleep(1.0)  # a window with no change: what a redraw loop feeding itself would fill
+    # a fixed sleep: a redraw that does NOT come has nothing to wait on; a window with no change, which a
+    # redraw loop feeding itself would fill
+    time.sleep(1.0)
     assert len(lines) == 1  # reading the state does not itself cause redraws
     actions.beat(ws, Who("zoe"), env={}, task="just arrived")
     wait_until(lambda: any(a["agent_id"] == "zoe" for frame in lines for a in frame["agents"]), 15,

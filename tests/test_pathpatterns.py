@@ -14,7 +14,8 @@ import re
 
 import pytest
 
-from synapolis.pathpatterns import (GLOBSTAR, PatternError, common_path, compile_pattern, is_name, literal_prefix,
+from synapolis.names import is_name
+from synapolis.pathpatterns import (GLOBSTAR, PatternError, common_path, compile_pattern, literal_prefix,
                                     matches, overlaps, prefixes_of)
 
 pathspec = pytest.importorskip("pathspec")

@@ -113,6 +113,17 @@ def test_the_readme_has_blocks_in_the_expected_places():
                 pytest.fail(f"{section}: `{line}` would never return when pasted")
 
 
+def test_ci_runs_the_readmes_test_command():
+    """.ci/run ends in the quick start's test command: the suite CI runs (in parallel, with its worker count
+    and distribution) is the one a contributor runs."""
+    readme = [b for s, b in sh_blocks((Path(ROOT) / "README.md").read_text("utf-8")) if s == QUICK_START]
+    (command,) = [b.strip() for b in readme if "pytest" in b]
+    ci = [line.strip() for line in (Path(ROOT) / ".ci" / "run").read_text("utf-8").splitlines() if line.strip()]
+    # the same install (pip only quieter in CI), then the same pytest invocation, word for word
+    assert ci[-1].replace("pip install -q ", "pip install ") == command, (ci[-1], command)
+    assert " -n " in f" {INSTALL.match(command)['rest']} ", "the suite runs in parallel (pytest-xdist's -n)"
+
+
 def test_every_sh_block_pasted_in_order_on_a_fresh_clone(tmp_path):
     if not (Path(ROOT) / ".git").exists():
         pytest.fail("the README paste test needs this checkout's git history (git clone of it at HEAD)")

@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("mcp")
 pytestmark = pytest.mark.filterwarnings("ignore::mcp.MCPDeprecationWarning")
 
-from conftest import dashboard_page, mcp_http_client, ok, start_server  # noqa: E402
+from conftest import dashboard_page, everything_said, mcp_http_client, ok, start_server  # noqa: E402
 
 STOP_BOUND_S = 5.0  # generous: the stop itself takes ~0.2 s; uvicorn's graceful timeout is 2 s
 
@@ -45,8 +45,7 @@ def _stop(proc, signum) -> float:
 
 
 def _clean(proc) -> None:
-    time.sleep(0.2)  # the reader thread takes the last lines
-    said = "".join(proc.said)
+    said = everything_said(proc)
     assert proc.returncode == 0, said
     lines = [line for line in said.splitlines() if line.strip()]
     # what it says when it starts, nothing else

@@ -110,7 +110,7 @@ def test_sigkill_mid_send_leaves_a_sound_store(ws, start_agent, db_rows, tmp_pat
              for n in range(8)]
     for n, p in enumerate(popen):
         if n % 2:
-            time.sleep(0.05 * n)
+            time.sleep(0.05 * n)  # where the kill lands: a later moment for each sender, not a wait
             p.send_signal(signals_module.SIGKILL)
     confirmed = []
     for p in popen:

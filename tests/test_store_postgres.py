@@ -22,7 +22,8 @@ from synapolis.errors import BusyError
 from synapolis.identity import Who
 from synapolis.workspace import Workspace
 
-from conftest import PG_SCRIPT, clean_env, console_script, no_postgres, store_rows, use_store, wait_until
+from conftest import (PG_SCRIPT, clean_env, console_script, no_postgres, store_rows, use_store, wait_until,
+                      wait_until_async)
 
 FAST = {"rate_limit_per_min": 100000}
 
@@ -134,7 +135,10 @@ def test_a_reader_never_moves_past_an_uncommitted_signal(machines):
 
     sender = threading.Thread(target=send_later)
     sender.start()
-    time.sleep(0.5)
+    with psycopg.connect(laptop.config.store, autocommit=True) as admin:
+        wait_until(lambda: admin.execute("SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
+                                         "AND wait_event_type = 'Lock'").fetchall(), 10,
+                   "the second sender to wait for the uncommitted one's lock")
     assert sender.is_alive(), "a second insert ran while an earlier sequence was uncommitted"
     assert actions.signals_pending(laptop, Who("alice", sid), env={})["pending_signals"] == []
     row = store_rows(laptop, sid, "SELECT delivered_upto FROM agents WHERE id = 'alice'")[0]
@@ -724,9 +728,7 @@ def test_a_real_mcp_process_outlives_a_server_restart(tmp_path, private_pg):
                 assert (await tool(bob, "beat"))["pending_signals"] == []
                 # and its subscriber hears a signal stored after the restart (the listener reconnected)
                 await cli("signal", "--agent-id", "alice", "--session-id", "s1", "bob", "after the restart")
-                with anyio.fail_after(15):
-                    while mine not in pushed:
-                        await anyio.sleep(0.05)
+                await wait_until_async(lambda: mine in pushed, 15, "the push of the signal after the restart")
                 fresh = (await tool(bob, "read_signals"))["signals"]
                 assert [s["content"] for s in fresh] == ["after the restart"]
 
@@ -771,8 +773,8 @@ def test_a_long_lived_process_pools_its_connections(machines, monkeypatch):
         import psycopg
 
         with psycopg.connect(laptop.config.store) as conn:
-            mine = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'synapolis'"
-                                ).fetchone()[0]
+            mine = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'synapolis' "
+                                "AND datname = current_database()").fetchone()[0]  # not another test's
         assert mine >= 2
     finally:
         release.set()
@@ -812,12 +814,13 @@ def _subscribed_to_alice(machines):
 
 
 def _listening(url) -> bool:
-    """Whether a synapolis listener has run its LISTEN on the database (as its server sees it)."""
+    """Whether a synapolis listener has run its LISTEN on the database (as its server sees it; the server's
+    other databases are other tests', running beside this one under pytest-xdist)."""
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:
         return bool(conn.execute("SELECT 1 FROM pg_stat_activity WHERE application_name = 'synapolis-listen' "
-                                 "AND query LIKE 'LISTEN%'").fetchall())
+                                 "AND datname = current_database() AND query LIKE 'LISTEN%'").fetchall())
 
 
 def test_push_from_another_machines_cli_reaches_a_subscriber(machines):
@@ -967,6 +970,7 @@ def test_claim_expiry_is_judged_by_the_servers_clock(machines):
 
     from synapolis import claims
     from synapolis.store import store_for
+    from synapolis.timeutil import parse_ts
 
     laptop, runner = machines
     actions.beat(laptop, Who("alice", None), env={})
@@ -974,7 +978,8 @@ def test_claim_expiry_is_judged_by_the_servers_clock(machines):
     server_now = store_for(runner).now()
     assert claims.check(runner, "job:1", record["token"])["claimed_by"] == "alice"  # server time: live
     # the lease ends by the server's clock; a caller may still pin `now` (time is a parameter)
-    time.sleep(1.2)
+    expires = parse_ts(record["expires_at"])
+    wait_until(lambda: store_for(runner).now() > expires, 10, "the server's clock to pass the lease's end")
     with pytest.raises(Exception) as gone:
         claims.check(runner, "job:1", record["token"])
     assert type(gone.value).__name__ == "StaleToken"
@@ -1011,20 +1016,22 @@ def test_a_subscriber_that_lost_its_connection_rechecks_when_back(machines):
     watcher = SessionWatcher(laptop, subscriptions, lambda uris: woken.set()).start()
     admin = psycopg.connect(laptop.config.store, autocommit=True)
     try:
-        deadline = time.monotonic() + 10
-        while not admin.execute("SELECT 1 FROM pg_stat_activity WHERE application_name = 'synapolis-listen' "
-                                "AND query ILIKE 'LISTEN%'").fetchall():
-            assert time.monotonic() < deadline, "the listener never connected"
-            time.sleep(0.05)
-        listening = "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'synapolis-listen'"
-        # cut the listener, and store a signal while it is away (it waits retry_s = 1 s before reconnecting)
-        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                      "WHERE application_name = 'synapolis-listen'")
-        while admin.execute(listening).fetchone()[0]:
-            time.sleep(0.01)
-        woken.clear()
-        actions.signal(runner, Who("bob", sid), "alice", "while you were away", env={}, piggyback=False)
-        assert admin.execute(listening).fetchone()[0] == 0, "the listener was back before the signal: retry"
+        # this test's listener only: the server is shared with the other tests (and pytest-xdist's workers)
+        mine = "application_name = 'synapolis-listen' AND datname = current_database()"
+        listening = f"SELECT count(*) FROM pg_stat_activity WHERE {mine}"
+        wait_until(lambda: admin.execute(f"{listening} AND query ILIKE 'LISTEN%'").fetchone()[0], 10,
+                   "the listener to connect")
+        # cut the listener, and store a signal while it is away (it waits retry_s = 1 s before reconnecting); on a
+        # machine so loaded that the signal took longer than that, cut it again: the signal must land while it is away
+        for _attempt in range(5):
+            wait_until(lambda: admin.execute(listening).fetchone()[0], 10, "the listener to be connected")
+            admin.execute(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE {mine}")
+            wait_until(lambda: admin.execute(listening).fetchone()[0] == 0, 10, "the listener's connection to end")
+            woken.clear()
+            actions.signal(runner, Who("bob", sid), "alice", "while you were away", env={}, piggyback=False)
+            if admin.execute(listening).fetchone()[0] == 0:
+                break
+        assert admin.execute(listening).fetchone()[0] == 0, "the listener was back before the signal, 5 times"
         assert woken.wait(10), "the subscriber was not told after the listener came back"
     finally:
         admin.close()

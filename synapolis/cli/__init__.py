@@ -57,33 +57,11 @@ def _wants_json(args) -> bool:
     return "--json" in args
 
 
-def put(text: str, err: bool = False) -> None:
-    """`text` and a newline on stdout (stderr), as click.echo writes it: nothing when the stream is closed."""
-    stream = sys.stderr if err else sys.stdout
-    if stream is None:
-        return
-    stream.write(text + "\n")
-    stream.flush()
-
-
-def report_error(error: SynapolisError, as_json: bool) -> None:
-    """The contract's error: one JSON object on stdout with --json, one terminal-safe line on stderr.
-    Without click: the fast path (synapolis.cli.fast) reports through here too."""
-    from .text import terminal_safe
-
-    if as_json:
-        import json
-
-        put(json.dumps(error.to_json()))
-    # one line, whatever the message holds: a path or value with a newline in it must not split the error
-    # (nor forge a second "synapolis: ..." line), and click's own messages ("Choose from:\n\t...") fold up
-    message = " ".join(part.strip() for part in error.message.splitlines() if part.strip()).replace("\t", " ")
-    put(terminal_safe(f"synapolis: {error.type_name}: {message}"), err=True)
-
-
 def run_guarded(call, ctx=None, args=None):
     """Run `call`, turning every failure into a one-line error and the contract's exit code."""
     import click
+
+    from .text import report_error
 
     as_json = _wants_json(sys.argv[1:] if args is None else args)
     try:
@@ -99,6 +77,8 @@ def run_guarded(call, ctx=None, args=None):
 
 def exit_for_error(as_json: bool) -> None:
     """Inside an `except`: the exception being handled as the contract's one-line error and exit code."""
+    from .text import report_error
+
     exc = sys.exc_info()[1]
     if isinstance(exc, SynapolisError):
         report_error(exc, as_json)
@@ -184,6 +164,10 @@ def __getattr__(name):
     if name in ("cli", "LazyGroup"):
         _build()
         return globals()[name]
+    if name in ("put", "report_error"):  # they live in cli/text.py; a hook never loads it
+        from . import text
+
+        return getattr(text, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -307,6 +291,8 @@ def main(argv=None):
 
 def _click_main(args) -> None:
     import click
+
+    from .text import report_error
 
     group = _build()
     try:

@@ -131,7 +131,7 @@ def parse(args: list[str]):
 
 def run(call) -> None:
     """Run one parsed call: print its answer (JSON with --json, else text for people); exit as click's path would."""
-    from . import put, report_error
+    from .text import put, report_error
     from ..errors import SynapolisError, internal_error
 
     state_dir, verb, values = call

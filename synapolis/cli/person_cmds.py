@@ -158,7 +158,7 @@ def doctor_cmd(ctx, project_dir, as_json):
 
     Example: synapolis doctor --project-dir .
     """
-    from ..doctor import run_doctor
+    from ..harness.doctor import run_doctor
     from ..errors import CheckFailed
     from ..paths import find_state_dir
 

@@ -1,4 +1,4 @@
-"""Text for people on a terminal, without click: signal lines, tables, ages, and terminal-safe output.
+"""Text for people on a terminal, without click: signal lines, tables, ages, terminal-safe output, the one-line error.
 
 Another agent's content reaches a person's terminal through these (`read-signals`, piggybacked
 signals, notes, the whiteboard, status): `terminal_safe` shows control characters as escapes, so no
@@ -8,6 +8,9 @@ encoder escapes C0 controls already, and a program, not a terminal, reads it).
 
 from __future__ import annotations
 
+import sys
+
+from ..errors import SynapolisError
 from ..terminal import terminal_safe  # noqa: F401 - the CLI's output helpers use it from here
 
 
@@ -82,3 +85,25 @@ def render(data: dict, text=None) -> str:
         if isinstance(out, (list, tuple)):
             out = "\n".join(out)
     return terminal_safe(out) if out else ""
+
+
+def put(text: str, err: bool = False) -> None:
+    """`text` and a newline on stdout (stderr), as click.echo writes it: nothing when the stream is closed."""
+    stream = sys.stderr if err else sys.stdout
+    if stream is None:
+        return
+    stream.write(text + "\n")
+    stream.flush()
+
+
+def report_error(error: SynapolisError, as_json: bool) -> None:
+    """The contract's error: one JSON object on stdout with --json, one terminal-safe line on stderr.
+    Without click: the fast path (synapolis.cli.fast) reports through here too."""
+    if as_json:
+        import json
+
+        put(json.dumps(error.to_json()))
+    # one line, whatever the message holds: a path or value with a newline in it must not split the error
+    # (nor forge a second "synapolis: ..." line), and click's own messages ("Choose from:\n\t...") fold up
+    message = " ".join(part.strip() for part in error.message.splitlines() if part.strip()).replace("\t", " ")
+    put(terminal_safe(f"synapolis: {error.type_name}: {message}"), err=True)

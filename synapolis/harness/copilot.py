@@ -71,7 +71,7 @@ def install(project_dir, command: str, command_check) -> dict:
     """Write `.github/hooks/synapolis.json` (a file of ours alone: Copilot reads every *.json there); our
     entries are replaced, anything else a person added to the file stays."""
     from ..atomic import atomic_write_json
-    from .install import load_settings
+    from .settings import load_settings
 
     path = hook_file(project_dir)
     from pathlib import Path
@@ -100,7 +100,7 @@ def uninstall(project_dir, command_check) -> dict:
     from pathlib import Path
 
     from ..atomic import atomic_write_json
-    from .install import load_settings
+    from .settings import load_settings
 
     path = hook_file(project_dir)
     if not os.path.exists(path):
@@ -130,7 +130,7 @@ def check(project, command_check) -> tuple[list[dict], dict]:
 
     from ..doctor import FAIL, OK, finding
     from ..errors import UsageError
-    from .install import load_settings
+    from .settings import load_settings
 
     path = Path(hook_file(project))
     fix = f"synapolis hooks install copilot --project-dir {project}"

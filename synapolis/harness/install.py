@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import json
 import os
 import re
 import shlex
@@ -13,6 +12,7 @@ from pathlib import Path
 
 from ..atomic import atomic_write_json
 from ..errors import UsageError
+from .settings import load_settings  # noqa: F401 - install's readers and callers use it from here
 
 
 @dataclass(frozen=True)
@@ -170,7 +170,7 @@ def _entry(spec: HarnessSpec, command: str) -> dict:
 
 
 def _pretool_event(harness: str) -> str:
-    from .hooks import PRETOOL_EVENTS
+    from .conversation import PRETOOL_EVENTS
 
     return PRETOOL_EVENTS[harness]
 
@@ -193,27 +193,6 @@ def existing_project(project_dir: Path | str) -> Path:
         what = "is not a folder" if folder.exists() else "does not exist"
         raise UsageError(f"project directory {folder} {what}: --project-dir names the project's folder")
     return folder
-
-
-def load_settings(path: Path) -> dict:
-    """The settings document at `path` ({} when missing); UsageError (exit 2) when it is not a JSON object."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        return {}
-    except IsADirectoryError:
-        raise UsageError(f"{path} is a directory, not a settings file") from None
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
-    if not raw.strip():
-        return {}
-    try:
-        document = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # Recursion: nested too deeply
-        raise UsageError(f"{path} is not valid JSON ({exc}); fix it by hand, it was left untouched") from None
-    if not isinstance(document, dict):
-        raise UsageError(f"{path} holds a JSON {type(document).__name__}, not an object; it was left untouched")
-    return document
 
 
 def _hooks_table(document: dict, path: Path) -> dict:

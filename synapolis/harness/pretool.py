@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 
-from .hooks import PRETOOL_EVENTS as EVENTS  # loaded already whenever this module is
+from .conversation import PRETOOL_EVENTS as EVENTS  # loaded already whenever this module is
 
 # harness -> tool -> the keys of tool_input that name the file it writes ("patch": a Codex patch's paths)
 TOOLS: dict[str, dict[str, tuple]] = {
@@ -146,7 +146,7 @@ def none_could_match(ws, env, wanted: list[str]) -> bool:
 def reason_text(blocked: list[dict], agent_id: str | None, session_id: str | None, now=None, mode: str = "deny") -> str:
     """One line per blocked path: who holds it (which item), until when, and the signal command to ask."""
     from ..timeutil import humanize_age, parse_ts
-    from .hooks import _command_hint
+    from .conversation import command_hint
 
     lines = []
     for b in blocked[:MAX_LINES]:
@@ -157,7 +157,7 @@ def reason_text(blocked: list[dict], agent_id: str | None, session_id: str | Non
             when = f"{until} ({humanize_age(-left)})" if left is not None else until
         except (ValueError, TypeError):
             when = until
-        ask = _command_hint(f"signal {holder} \"may I edit {path}?\" --type query", agent_id, session_id, None) \
+        ask = command_hint(f"signal {holder} \"may I edit {path}?\" --type query", agent_id, session_id, None) \
             if agent_id else f"synapolis signal {holder} \"may I edit {path}?\" --type query"
         advice = "Do not edit it now; ask the holder with" if mode == "deny" else \
             "This edit was let through (guard.mode warn), but coordinate with the holder"
@@ -241,9 +241,9 @@ def handle(harness: str, event: dict, state_dir, env, result: dict, now=None) ->
     paths = tool_paths(harness, event)
     if not paths:
         return
-    from . import hooks
+    from . import conversation as convo
 
-    ws = hooks._workspace(state_dir, env, event)
+    ws = convo.workspace_for(state_dir, env, event)
     if ws.config.guard_mode == "off":
         return
     if env.get("SYNAPOLIS_SERVER") or ws.config.values.get("server"):  # through the team server (§16)
@@ -257,7 +257,7 @@ def decide(harness: str, event: dict, ws, env, result: dict, wanted: list[str], 
     """The guard's answer for `wanted` (absolute paths, or relative to the project root) into `result`, for
     the conversation of `event`, beside the store: here, or on the team server for a sandbox's hook
     (web/api_call.run_hook)."""
-    from . import hooks
+    from . import conversation as convo
 
     mode, auto = ws.config.guard_mode, ws.config.auto_claim
     if mode == "off":
@@ -272,7 +272,7 @@ def decide(harness: str, event: dict, ws, env, result: dict, wanted: list[str], 
         if not auto and none_could_match(ws, env, wanted):
             return  # no claim that may be held has a pattern these paths could match: the guard's own answer
         state = _conversation_state(ws, harness, event, env)
-        agent_id = state.get("agent_id") or hooks.agent_id_for(harness, hooks.conversation_id(event), env)
+        agent_id = state.get("agent_id") or convo.agent_id_for(harness, convo.conversation_id(event), env)
         result["agent_id"] = agent_id
         from ..guard import guard
         from ..identity import Who
@@ -290,7 +290,7 @@ def decide(harness: str, event: dict, ws, env, result: dict, wanted: list[str], 
         if mode == "deny":
             _tell_denied(ws, harness, agent_id, blocked, event.get("tool_name") or event.get("toolName"), now)
         if mode == "warn" and harness == "gemini-cli":
-            stash_warning(ws, harness, hooks.conversation_id(event), env, reason)
+            stash_warning(ws, harness, convo.conversation_id(event), env, reason)
         return
     if auto:
         result["claimed"] = _auto_claim(ws, harness, event, env, state, wanted, result, now)
@@ -307,12 +307,12 @@ def _tell_denied(ws, harness: str, agent_id, blocked: list[dict], tool, now=None
 def _conversation_state(ws, harness, event, env) -> dict:
     """The conversation's saved hook state (its agent id, session, run token), as the other events keep
     it; {} when it never registered (then it holds no claim, and acts as its derived id)."""
-    from . import hooks, quiet
+    from . import conversation as convo, quiet
 
-    conversation = hooks.conversation_id(event)
-    key = quiet.known_key(ws, harness, conversation, env) or hooks.agent_id_for(harness, conversation, env)
+    conversation = convo.conversation_id(event)
+    key = quiet.known_key(ws, harness, conversation, env) or convo.agent_id_for(harness, conversation, env)
     try:
-        state = hooks.load_state(ws, key)
+        state = convo.load_state(ws, key)
     except Exception:  # noqa: BLE001 - a damaged or planted state file: act as nobody known
         return {}
     if state.get("conversation_id") not in (None, conversation) or state.get("harness") not in (None, harness):
@@ -324,16 +324,16 @@ def _auto_claim(ws, harness, event, env, state, wanted, result, now=None) -> lis
     """Claim the edited files (those inside the project whose names are claim items) for the editor,
     registering the conversation first when no hook did yet."""
     from .. import autoclaim
-    from . import hooks
+    from . import conversation as convo
 
     items = claim_items(ws, wanted)
     if not items:
         return []
     ws = ws.ensure()
-    if not (state.get("run_token") and hooks._session_active(ws, state.get("session_id"))):
-        conversation = hooks.conversation_id(event)
-        key = hooks.agent_id_for(harness, conversation, env)
-        state = hooks._register(ws, harness, key, conversation, event, env, result["problems"], refresh=False, now=now)
+    if not (state.get("run_token") and convo.session_active(ws, state.get("session_id"))):
+        conversation = convo.conversation_id(event)
+        key = convo.agent_id_for(harness, conversation, env)
+        state = convo.register(ws, harness, key, conversation, event, env, result["problems"], refresh=False, now=now)
     return autoclaim.claim_edits(ws, state["agent_id"], state.get("session_id"), items, now=now)
 
 
@@ -342,8 +342,8 @@ def claim_items(ws, wanted: list[str]) -> list[str]:
     the project and are valid items as they are: a file name with a space, or with a wildcard character
     that would make it a pattern, is not auto-claimed."""
     from ..errors import UsageError
-    from ..names import validate_claim_item
-    from ..pathpatterns import has_wildcards, is_name
+    from ..names import is_name, validate_claim_item
+    from ..pathpatterns import has_wildcards
     from ..project import project_of, relative_path
 
     root, _fold = project_of(ws)

@@ -20,16 +20,16 @@ PATHS_KEY = "synapolis_paths"  # the event key carrying the project-relative pat
 def ask(harness: str, event: dict, ws, env, result: dict, wanted: list[str]) -> None:
     """Fill `result` (output, problems, agent_id, blocked) with the server's answer for this pre-tool event."""
     from .. import remote
-    from . import hooks
+    from . import conversation as convo
 
     rel, _outside = remote.relative_paths(ws, wanted)
     if not rel:
         return  # nothing inside the project: nothing to guard, no call
     t = remote.target(ws.config, env)
-    forwarded = {"session_id": hooks.conversation_id(event), "hook_event_name": hooks.event_name(event),
+    forwarded = {"session_id": convo.conversation_id(event), "hook_event_name": convo.event_name(event),
                  "tool_name": event.get("tool_name") or event.get("toolName"), PATHS_KEY: list(rel)}
     headers = {"x-synapolis-env": json.dumps({k: env[k] for k in ("SYNAPOLIS_SUBSTRATE",) if env.get(k)})}
-    budget = hooks.deadline_s(env) - 0.25  # answer before run_bounded's timer gives up for us
+    budget = convo.deadline_s(env) - 0.25  # answer before run_bounded's timer gives up for us
     try:
         status, data = remote.request(t, "POST", f"/api/hook/{harness}", json.dumps(forwarded).encode("utf-8"),
                                       timeout_s=max(budget, 0.5), extra_headers=headers)

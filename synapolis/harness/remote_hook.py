@@ -19,24 +19,24 @@ def act(harness: str, event: dict, kind: str, ws, env, result: dict) -> None:
     hooks.handle does (output, problems, agent_id, delivered, withheld)."""
     from .. import remote
     from ..heartbeat import write_heartbeat
-    from . import hooks
+    from . import conversation as convo
 
     from . import quiet
 
     t = remote.target(ws.config, env)
-    conversation = hooks.conversation_id(event)
+    conversation = convo.conversation_id(event)
     rws = remote.RemoteWorkspace(ws, t).ensure()
     # the index spares the SHA-256 of the derived id on every call, as on the local quiet path
     key = quiet.known_key(rws, harness, conversation, env)
     if key is None:
-        key = hooks.agent_id_for(harness, conversation, env)
+        key = convo.agent_id_for(harness, conversation, env)
         quiet.remember_key(rws, harness, conversation, env, key)
-    known = hooks.load_state(rws, key)  # what the server said this conversation is, the last time
+    known = convo.load_state(rws, key)  # what the server said this conversation is, the last time
     agent_id = known.get("agent_id") or key
     result["agent_id"] = agent_id
     write_heartbeat(rws.paths, agent_id, harness=harness, status=_STATUS.get(kind), durable=False,
                     session_id=known.get("session_id"), now=quiet.clock()[1])
-    budget = hooks.deadline_s(env) - 0.25  # answer before run_bounded's timer gives up for us
+    budget = convo.deadline_s(env) - 0.25  # answer before run_bounded's timer gives up for us
     headers_env = json.dumps({k: env[k] for k in _FORWARDED_ENV if env.get(k)})
     headers = {"x-synapolis-env": headers_env}
     from ..identity import read_identity_file
@@ -60,7 +60,7 @@ def act(harness: str, event: dict, kind: str, ws, env, result: dict) -> None:
         result["agent_id"] = served
         # remembered without any run token (the server holds it): the next call's local beat names the
         # agent the server registered
-        hooks.save_state(rws, key, {"agent_id": served, "session_id": None, "harness": harness,
+        convo.save_state(rws, key, {"agent_id": served, "session_id": None, "harness": harness,
                                     "conversation_id": conversation, "remote": t.url})
         if served != agent_id:
             write_heartbeat(rws.paths, served, harness=harness, status=_STATUS.get(kind), durable=False,

@@ -1,7 +1,7 @@
 """What a harness's own user-level settings decide about project hooks (Codex's trust, Gemini CLI's switch).
 
 Codex's project and per-hook trust, Gemini CLI's hook switch and trusted folders: read the way each
-harness reads them; written only on request.
+harness reads them; written only on request. `load_settings` reads a harness's JSON settings file.
 
 Codex (0.171; codex-rs/hooks/src/engine/discovery.rs and config_rules.rs, codex-rs/config fingerprint.rs):
 it loads `<dir>/.codex/` only for a trusted project (`[projects."<dir>"] trust_level = "trusted"` in
@@ -39,6 +39,27 @@ CODEX_EVENTS_WITH_MATCHERS = frozenset({"PreToolUse", "PermissionRequest", "Post
                                         "PostCompact", "SessionStart", "SubagentStart", "SubagentStop"})
 CODEX_DEFAULT_TIMEOUT_S = 600
 CODEX_SESSION_END_MAX_TIMEOUT_S = 3  # Codex clamps a SessionEnd hook's timeout to this
+
+
+def load_settings(path: Path) -> dict:
+    """The settings document at `path` ({} when missing); UsageError (exit 2) when it is not a JSON object."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return {}
+    except IsADirectoryError:
+        raise UsageError(f"{path} is a directory, not a settings file") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}") from None
+    if not raw.strip():
+        return {}
+    try:
+        document = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:  # Recursion: nested too deeply
+        raise UsageError(f"{path} is not valid JSON ({exc}); fix it by hand, it was left untouched") from None
+    if not isinstance(document, dict):
+        raise UsageError(f"{path} holds a JSON {type(document).__name__}, not an object; it was left untouched")
+    return document
 
 
 def codex_home(env=None) -> Path:

@@ -20,7 +20,6 @@ from ..atomic import file_signature
 from ..errors import ForbiddenError
 from ..identity import Who
 from ..paths import CONFIG_NAME
-from ..store import store_for
 from ..workspace import Workspace
 from . import watch
 from .live import LongLived
@@ -129,7 +128,7 @@ class ServerState:
         """Whether `ws` (a workspace() answer) keeps its sessions in SQLite, rather than a shared store."""
         kept = self._kind
         if kept is None or kept[0] is not ws:
-            kept = self._kind = (ws, store_for(ws).kind == "sqlite")
+            kept = self._kind = (ws, ws.store.kind == "sqlite")
         return kept[1]
 
     # -- identity: one rule per transport (docs/MCP.md, "Identity") ----------------------------------

@@ -131,9 +131,7 @@ def _parts_under(path: str, prefix: str) -> list[str] | None:
 
 def notes_size(ws, session_id: str) -> int:
     """A number that grows with each note of the session (the notes file's size on SQLite; see the store)."""
-    from ..store import store_for
-
-    return store_for(ws).notes_version(session_id)
+    return ws.store.notes_version(session_id)
 
 
 def inbox_sequence(ws, session_id: str, agent_id: str, store=None) -> int:
@@ -344,11 +342,9 @@ class SessionWatcher:
             self.mark_dirty(watched.session_id)
 
     def start(self) -> "SessionWatcher":
-        from ..store import store_for
-
         self._start_observer()
         self._listen_stop = threading.Event()
-        self._listener = store_for(self.ws).listen(self._on_store_change, self._listen_stop)
+        self._listener = self.ws.store.listen(self._on_store_change, self._listen_stop)
         self._thread = threading.Thread(target=self._run, name="synapolis-mcp-watch", daemon=True)
         self._thread.start()
         return self

@@ -8,7 +8,7 @@ import os
 import re
 from pathlib import Path
 
-from .harness.settings import codex_home, load_toml
+from .settings import codex_home, load_toml
 
 # where each harness keeps its MCP servers in a project (Codex also in $CODEX_HOME/config.toml)
 MCP_FILES = {"claude-code": ".mcp.json", "gemini-cli": ".gemini/settings.json", "codex": ".codex/config.toml"}
@@ -26,7 +26,7 @@ def mcp_files(project: Path, harness: str, env=None) -> list[Path]:
 def entries(path: Path) -> dict:
     """The MCP server entries of one config file, by name ({} when it has none); ValueError when it cannot be read."""
     if path.suffix == ".toml":
-        from .errors import UsageError
+        from ..errors import UsageError
 
         try:
             document = load_toml(path) or {}

@@ -1,0 +1,84 @@
+"""The signal rules: who sees a signal, whom it reaches, who is live to hear it, pages, the rate bucket, Lamport."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from ..errors import RateLimitedError
+from ..names import is_subagent_of
+
+BROADCAST = "*"
+
+
+def is_visible(row, agent_id: str) -> bool:
+    """Whether reader `agent_id` sees this signal at all (history included)."""
+    recipient, sender = row["recipient"], row["sender"]
+    if recipient == BROADCAST:
+        return sender != agent_id and not is_subagent_of(sender, agent_id)
+    return recipient == agent_id or is_subagent_of(recipient, agent_id)
+
+
+def json_cost(signal: dict) -> int:
+    """About how many characters `signal` takes in a JSON answer: its content escaped, plus the rest."""
+    import json
+
+    return len(json.dumps(signal["content"])) + len(signal["sender"]) + len(signal["recipient"]) + 360
+
+
+def fit(signals: list, limit: int | None, budget_chars: int | None, at_least_one: bool = True) -> int:
+    """How many leading `signals` make a page within `limit` and `budget_chars`. With `at_least_one`
+    the first is always in (one signal over the budget must not stall paging); a hook's hard cap is not."""
+    used = 0
+    for count, item in enumerate(signals):
+        if limit is not None and count >= limit:
+            return count
+        used += json_cost(item)
+        if budget_chars is not None and used > budget_chars and not (at_least_one and count == 0):
+            return count
+    return len(signals)
+
+
+def recipient_chain(recipient: str) -> list[str]:
+    """The registered ids a directed signal may reach: the recipient and each agent it is a sub-agent of
+    ("a.b.c": a, a.b, a.b.c)."""
+    parts = recipient.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+def audience(rows, now: datetime, config) -> dict:
+    """Which recipients are live and which the signal waits for (stale, asleep, stopped). `rows`: registry rows
+    (by name: `id`, `status`, `last_heartbeat`), or plain (id, status, last_heartbeat) tuples."""
+    from ..status import LIVE_REGISTRY_STATUSES, registry_window  # a send's alone among the hot verbs
+
+    # status.registry_live, written out once for every row: a broadcast judges each registered agent
+    cutoff, ceiling = registry_window(now, config)
+    live, waiting, status = [], [], {}
+    if rows and not isinstance(rows[0], tuple):  # registry rows by name; (id, status, last_heartbeat) as they are
+        rows = [(r["id"], r["status"], r["last_heartbeat"]) for r in rows]
+    for agent_id, state, beat in rows:
+        if state in LIVE_REGISTRY_STATUSES:
+            if beat and cutoff <= beat <= ceiling:
+                live.append(agent_id)
+                continue
+            state = "stale"
+        waiting.append(agent_id)
+        status[agent_id] = state
+    return {"live": live, "waiting": waiting, "waiting_status": status}
+
+
+def rate_limited_error(agent_id: str, tokens: float, rate: float) -> RateLimitedError:
+    wait = (1.0 - tokens) / (rate / 60.0)
+    return RateLimitedError(f"{agent_id} has sent {int(rate)} signals in the last minute "
+                            f"(rate_limit_per_min): retry in {wait:.1f} s", retry_after_s=wait)
+
+
+def bucket_tokens(row, moment: float, rate: float) -> float:
+    """The tokens in an agent's bucket at `moment` (epoch seconds): `rate` a minute, refilled continuously
+    since the row (`tokens`, `updated_at`) was written; a full bucket without a row."""
+    per_s = rate / 60.0
+    return rate if row is None else min(rate, row["tokens"] + max(0.0, moment - row["updated_at"]) * per_s)
+
+
+def next_lamport(clock: int, replied: int | None = None) -> int:
+    """A send's Lamport value: one past the sender's clock and, for a reply, past the signal it answers."""
+    return (clock if replied is None else max(clock, replied)) + 1
