@@ -51,7 +51,7 @@ def skip(conn):
 """
 _DRIVER = """import sys
 sys.path.insert(0, {root!r})
-from synapolis.store import sqlite as s
+from synapolis.store.local import connection as s
 {define}
 s._skip_checkpoint_on_close = {name}
 from synapolis.cli import main

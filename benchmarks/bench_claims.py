@@ -40,6 +40,7 @@ def _worker(mode: str, state_dir: str, index: int, items: list, passes: int, bar
     from synapolis import claims
     from synapolis.atomic import append_jsonl, atomic_write_json, read_json_or
     from synapolis.errors import ConflictError
+    from synapolis.store.local.claims import item_lock
     from synapolis.workspace import Workspace
 
     ws = Workspace.open(state_dir)
@@ -71,7 +72,7 @@ def _worker(mode: str, state_dir: str, index: int, items: list, passes: int, bar
                 append_jsonl(ws.paths.claims_log, {"item": item, "event": "claimed", "by": agent})
                 counts["wins"] += 1
             else:
-                with claims._item_lock(ws, item):
+                with item_lock(ws, item):
                     read_json_or(claims.claim_path(ws, item))
                 counts["wins"] += 1
         spans.append((started, time.monotonic()))

@@ -6,9 +6,10 @@ from datetime import datetime, timedelta
 
 from .errors import ConflictError, ForbiddenError, InternalError, NotFoundError, SynapolisError, UsageError
 from .names import is_name, validate_agent_id, validate_claim_item
-from .rules.claims import (REAPED_HOLDER_STATUSES, SCHEMA_VERSION, _is_record, _push, _require_live, check_force,
-                           check_ttl, claim_state)
+from .rules.claims import (REAPED_HOLDER_STATUSES, SCHEMA_VERSION, _push, _require_live, check_force, check_ttl,
+                           claim_state)
 from .store import clock
+from .store.claim_keys import is_claim_record as _is_record  # a record's shape: the store reads by it too
 from .timeutil import format_ts, humanize_age, parse_ts
 
 

@@ -21,8 +21,8 @@ from .errors import ConflictError
 from .rules.waits import find_cycle, live_waits, stale_wait_s  # noqa: F401 - as before
 from .timeutil import format_ts, parse_ts
 
-BOOK_FILE = "claim-waits.json"
-BOOK_VERSION = 1
+# the SQLite store's book (store/local/waits.py), re-exported where it always was
+from .store.local.waits import BOOK_FILE, BOOK_VERSION, FileWaitBook, read_file_waits  # noqa: F401
 
 
 def blocking_of(error: ConflictError) -> list[dict]:
@@ -84,67 +84,3 @@ def waiting(ws, now: datetime) -> list[dict]:
     live = live_waits(ws.store.waits(), now, stale_wait_s(ws.config))
     return sorted(({k: w[k] for k in ("agent_id", "item", "since", "blocked_by", "blocking", "until") if k in w}
                    for w in live), key=lambda w: (w["since"], w["agent_id"], w["item"]))
-
-
-# --- the SQLite store's wait book: a JSON file under a lock ---------------------------------------
-
-class FileWaitBook:
-    """`claim-waits.json` in the state directory, read and replaced under `.locks/claim-waits.lock`."""
-
-    def __init__(self, ws):
-        import os
-
-        self.ws = ws
-        self.path = os.path.join(ws.files.root, BOOK_FILE)
-        self.lock = None
-        self._waits: list[dict] | None = None
-        self.changed = False
-
-    def __enter__(self) -> "FileWaitBook":
-        from .atomic import locked
-
-        self.ws.ensure()
-        self.lock = locked(self.ws.files.lock("claim-waits"), timeout=self.ws.config.busy_timeout_ms / 1000.0)
-        self.lock.__enter__()
-        return self
-
-    def __exit__(self, kind, value, traceback) -> None:
-        try:
-            if kind is None and self.changed:
-                from .atomic import atomic_write_json
-
-                atomic_write_json(self.path, {"schema_version": BOOK_VERSION, "waits": self._waits}, durable=False)
-        finally:
-            self.lock.__exit__(kind, value, traceback)
-
-    def waits(self) -> list[dict]:
-        if self._waits is None:
-            self._waits = read_file_waits(self.path)
-        return self._waits
-
-    def put(self, record: dict, swept=()) -> None:
-        gone = set(swept) | {(record["agent_id"], record["item"])}
-        self._waits = [w for w in self.waits() if (w.get("agent_id"), w.get("item")) not in gone] + [record]
-        self.changed = True
-
-    def remove(self, agent_id: str, item: str) -> None:
-        before = self.waits()
-        self._waits = [w for w in before if (w.get("agent_id"), w.get("item")) != (agent_id, item)]
-        self.changed = self.changed or len(self._waits) != len(before)
-
-    def claim_records(self, items) -> dict:
-        from .claim_index import file_records
-
-        return file_records(self.ws, items)
-
-
-def read_file_waits(path: str) -> list[dict]:
-    from .atomic import read_json
-
-    try:
-        doc = read_json(path)
-    except (OSError, ValueError):
-        return []
-    waits = doc.get("waits") if isinstance(doc, dict) else None
-    return [w for w in waits if isinstance(w, dict) and isinstance(w.get("agent_id"), str)
-            and isinstance(w.get("item"), str)] if isinstance(waits, list) else []

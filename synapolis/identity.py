@@ -6,14 +6,13 @@ import os
 
 from .atomic import atomic_write_json, read_json
 from .errors import AmbiguousIdentityError, NoIdentityError, UsageError
-from .names import is_reserved, refuse_reserved, sha256_hex, validate_agent_id, validate_session_id
+from .names import is_reserved, refuse_reserved, validate_agent_id, validate_session_id
+from .store.run_tokens import TOKEN_HASH_PREFIX, hash_token, is_hashed  # noqa: F401  (the store's, kept here)
 from .timeutil import utcnow
 
 ENV_AGENT = "SYNAPOLIS_AGENT_ID"
 ENV_SESSION = "SYNAPOLIS_SESSION_ID"
 ENV_TOKEN = "SYNAPOLIS_RUN_TOKEN"
-# what the store keeps of a run token: this prefix and the token's SHA-256 (docs/SECURITY.md)
-TOKEN_HASH_PREFIX = "sha256:"
 
 
 # -- run tokens --------------------------------------------------------------------------------------
@@ -22,18 +21,6 @@ def new_token() -> str:
     """A fresh run token: 128 random bits as hex (what secrets.token_hex(16) returns, without loading
     secrets, hmac and OpenSSL on the start path)."""
     return os.urandom(16).hex()
-
-
-def hash_token(token: str) -> str:
-    """What the store keeps of a run token. The program only ever compares a presented token with it, so
-    a copy of session.db (a backup, another user who can read it) never yields a token to act with."""
-    # surrogatepass: a token from argv or the environment that is not UTF-8 hashes to something that
-    # matches nothing (exit 7), rather than failing to encode
-    return TOKEN_HASH_PREFIX + sha256_hex(str(token).encode("utf-8", "surrogatepass"))
-
-
-def is_hashed(stored) -> bool:
-    return isinstance(stored, str) and stored.startswith(TOKEN_HASH_PREFIX)
 
 
 def token_matches(presented, stored) -> bool:

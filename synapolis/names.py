@@ -182,3 +182,11 @@ def generate_session_id() -> str:
     from .timeutil import utcnow  # datetime: not on a quiet hook's path, which needs only ID_CHARS
 
     return utcnow().strftime("%Y%m%d_%H%M%S_") + os.urandom(4).hex()
+
+
+def normalise_memory(text: str) -> str:
+    """The form duplicate memories are found by (sleep's merge, the ledger's holdings): NFC, case-folded,
+    white-space runs made one space, trimmed."""
+    import unicodedata  # only a merge or a ledger read asks
+
+    return " ".join(unicodedata.normalize("NFC", text).casefold().split())

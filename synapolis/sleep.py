@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from datetime import datetime
 
-from .atomic import append_jsonl, locked, open_regular, parse_jsonl_line, read_jsonl
 from .errors import UsageError
 from .names import check_limit, validate_agent_id
 from .rules.merge import LEDGER_SCHEMA_VERSION, _moment, memory_id, merge_memories, normalise  # noqa: F401 - sleep's merge, importable here as before
+from .store.ledger import LedgerHoldings, new_ledger_lines  # noqa: F401
+from .store.local.ledger import LedgerReader, append_to_ledger, read_ledger  # noqa: F401
 from .timeutil import parse_ts
 
 MAX_INPUT_BYTES = 4 * 1024 * 1024   # a whole --memories document
@@ -136,114 +136,7 @@ def parse_memories(text) -> list[dict]:
 _NOT_JSON = object()
 
 
-# --- the ledger ----------------------------------------------------------------------------------
-
-class LedgerHoldings:
-    """What a ledger holds, for skipping: the norms of its keyless lines and each key's current line."""
-
-    def __init__(self, lines=()):
-        self.norms: set[str] = set()
-        self.current: dict[str, dict] = {}
-        for line in lines:
-            self.add(line)
-
-    def add(self, line: dict) -> None:
-        norm = line.get("norm")
-        if not isinstance(norm, str):
-            text = line.get("text")
-            norm = normalise(text) if isinstance(text, str) else None
-        if norm is None:
-            return
-        key = line.get("key")
-        if isinstance(key, str):
-            self.current[key] = {**line, "norm": norm}  # later lines win: the last one is the value
-        else:
-            self.norms.add(norm)
-
-    def holds(self, line: dict) -> bool:
-        """A keyless memory is held when a keyless line has its norm; a keyed one when the key's
-        current line has the same norm or was made later (newest wins across sessions too)."""
-        key = line.get("key")
-        if key is None:
-            return line["norm"] in self.norms
-        now_held = self.current.get(key)
-        return now_held is not None and (now_held["norm"] == line["norm"] or _moment(now_held) > _moment(line))
-
-    def split(self, merged: list[dict]) -> tuple[list[dict], list[dict]]:
-        """(to append, already held); what is to be appended counts as held from then on."""
-        fresh, held = [], []
-        for line in merged:
-            if self.holds(line):
-                held.append(line)
-            else:
-                fresh.append(line)
-                self.add(line)
-        return fresh, held
-
-
-def new_ledger_lines(merged: list[dict], lines) -> tuple[list[dict], list[dict]]:
-    """Split `merged` into (to append, already held) against the existing ledger `lines`; pure."""
-    return LedgerHoldings(lines).split(merged)
-
-
-class LedgerReader:
-    """The holdings of `memory/ledger.jsonl`, read incrementally.
-
-    `catch_up()` parses only the complete lines appended since the last call, so the expensive full
-    read can happen before the consensus transaction and only the tail inside it: the write lock is
-    never held for a time that grows with the ledger. A replaced or truncated file is read afresh.
-    """
-
-    def __init__(self, path):
-        self.path = path
-        self.holdings = LedgerHoldings()
-        self.offset = 0
-        self.file_id = None
-
-    def catch_up(self) -> LedgerHoldings:
-        try:
-            # never a FIFO or a device where the ledger belongs: open_regular refuses them (a FIFO would
-            # hang the merge, /dev/zero exhaust memory), and the merge then fails before clearing anything
-            handle = open(open_regular(self.path), "rb")
-        except FileNotFoundError:
-            self.__init__(self.path)
-            return self.holdings
-        with handle:
-            stat = os.fstat(handle.fileno())
-            if (stat.st_dev, stat.st_ino) != self.file_id or stat.st_size < self.offset:
-                self.__init__(self.path)
-                self.file_id = (stat.st_dev, stat.st_ino)
-            handle.seek(self.offset)
-            chunk = handle.read()
-        end = chunk.rfind(b"\n") + 1  # a torn last line (a writer killed mid-line) waits for its newline
-        for raw in chunk[:end].split(b"\n"):
-            line = parse_jsonl_line(raw)
-            if line is not None:
-                self.holdings.add(line)
-        self.offset += end
-        return self.holdings
-
-
-def append_to_ledger(paths, merged: list[dict], *, session_id: str, merged_by: str,
-                     reader: LedgerReader | None = None) -> tuple[list[dict], list[dict]]:
-    """Append what the ledger does not hold yet; returns (written, skipped).
-
-    Catching up and appending happen under one lock, so two sessions consolidating at once cannot
-    both write one memory. Skipping what is held is what makes a retry after a crash safe: a
-    consolidation that appended and then died before its database commit runs again, finds its
-    lines held and appends nothing. `reader` may come pre-read (see LedgerReader).
-    """
-    validate_agent_id(merged_by)
-    stamped = [{**line, "session_id": session_id, "merged_by": merged_by} for line in merged]
-    reader = reader or LedgerReader(paths.memory_ledger)
-    with locked(paths.lock("memory-ledger")):
-        fresh, held = reader.catch_up().split(stamped)
-        if fresh:
-            # every line whole, fsynced and read back, or none and an error: the caller clears the
-            # staged memories only after this returns
-            append_jsonl(paths.memory_ledger, *fresh, verify=True)
-    return fresh, held
-
+# --- the ledger (its holdings and its file are the store's: store/ledger.py, store/local/ledger.py) ---
 
 def memories(ws, *, limit: int | None = None) -> dict:
     """`synapolis memories`: the consolidated ledger from the store, the newest `limit` lines, oldest first."""
@@ -257,11 +150,6 @@ def memories(ws, *, limit: int | None = None) -> dict:
               "sources": line.get("sources") or [], "merged_at": line.get("merged_at"),
               "session_id": line.get("session_id")} for line in lines if isinstance(line.get("text"), str)]
     return {"memories": shown, "total": total, "ledger": store.ledger_location()}
-
-
-def read_ledger(paths) -> list[dict]:
-    """Every complete line of the ledger (a torn last line from a crash is skipped)."""
-    return read_jsonl(paths.memory_ledger)
 
 
 # --- the protocol --------------------------------------------------------------------------------

@@ -210,9 +210,7 @@ def heartbeat_anywhere(ws, agent_id: str, now: datetime, copies: dict | None = N
     found, doc = _file_status(ws.paths, agent_id, now, ws.config)
     if found != "missing":
         return found, doc
-    from .store import store_for
-
-    store = store_for(ws)
+    store = ws.store  # the workspace's (status never imports the store: it is a rule, below it)
     if store.kind == "sqlite":
         return found, None
     if copies is None:

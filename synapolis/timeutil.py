@@ -71,3 +71,15 @@ def humanize_age(seconds: float | None) -> str:
     else:
         text = f"{int(s // 86400)}d"
     return f"in {text}" if future else f"{text} ago"
+
+
+def created_moment(entry) -> datetime:
+    """When a memory or a ledger line was made: its `created_at` (a datetime, or a stamp parse_ts reads); the
+    earliest moment there is when it has neither."""
+    value = entry.get("created_at")
+    if isinstance(value, datetime):
+        return value
+    try:
+        return parse_ts(value)
+    except (TypeError, ValueError):
+        return datetime.min.replace(tzinfo=UTC)

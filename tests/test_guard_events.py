@@ -122,7 +122,7 @@ def test_a_refused_commit_is_kept_and_told(ws, receiver):
 
 
 def test_the_record_keeps_the_newest_200_newest_first(ws):
-    from synapolis.store import events_local
+    from synapolis.store.local import events as events_local
 
     for n in range(400):  # long lines: past the SQLite record's trim size more than once
         guard_events.tell(ws, guard_events.GUARD_DENIED, f"f{n}", {}, agent_id="bob", paths=[f"src/f{n}.py"],

@@ -173,7 +173,7 @@ def test_a_schema_2_store_gets_the_broadcast_index_when_opened(ws, start_agent):
 def test_a_schema_4_store_gets_the_liveness_index_and_broadcasts_through_it(ws, start_agent):
     """A session.db of schema 4 (no agents_by_liveness) is migrated when opened, and a broadcast's audience is
     then read from that index: the query plan says so, and the answer lists every recipient."""
-    from synapolis.store.sqlite_audience import _LIVE_IDS, _WAITING_ROWS
+    from synapolis.store.local.audience import _LIVE_IDS, _WAITING_ROWS
 
     sid, path = older_store(ws, start_agent, 4, "DROP INDEX agents_by_liveness")
     start_agent("carol", session_id=sid)

@@ -121,14 +121,15 @@ def _crash_after_ledger_append(state_dir, agent, session_id):
     """Consolidate, but die by SIGKILL right after the ledger append, before the database commit."""
     from synapolis import sleep
     from synapolis.identity import Who
+    from synapolis.store.local import ledger  # where the local store's ledger append lives (issue 34)
 
-    original = sleep.append_to_ledger
+    original = ledger.append_to_ledger
 
     def append_then_die(*args, **kwargs):
         original(*args, **kwargs)
         os.kill(os.getpid(), signal.SIGKILL)
 
-    sleep.append_to_ledger = append_then_die
+    ledger.append_to_ledger = append_then_die
     sleep.tired(Workspace.open(state_dir), Who(agent, session_id), memories=["last words", "The build uses Make"])
 
 

@@ -166,8 +166,10 @@ def test_a_one_call_process_runs_without_the_cyclic_collector(pair, state_dir):
 # -- claims -----------------------------------------------------------------------------------------
 
 # the claim verb's own modules: claims.py split by idea (issue 34) into the API, its operations, the `with`
-# lease and the pure rules (synapolis.rules itself a beat loads already: the signal rules)
-CLAIM_MODULES = {"synapolis.claims", "synapolis.claim_ops", "synapolis.claim_lease", "synapolis.rules.claims"}
+# lease and the pure rules (synapolis.rules itself a beat loads already: the signal rules), and the claim files
+# they keep through the store (issue 34)
+CLAIM_MODULES = {"synapolis.claims", "synapolis.claim_ops", "synapolis.claim_lease", "synapolis.rules.claims",
+                 "synapolis.store.local.claims", "synapolis.store.claim_keys"}
 
 
 def test_claim_verbs_load_nothing_heavy(pair, state_dir):
@@ -190,7 +192,8 @@ def test_claim_verbs_load_nothing_heavy(pair, state_dir):
         # a claim loads what a beat loads and its own module: no contextlib (the lock and the slot are
         # classes), no status (asked only when a claim meets another's lease), no random (--wait's jitter);
         # a path item (contract §14) also its index, its pattern rules and the project's root
-        path_modules = {"synapolis.claim_index", "synapolis.pathpatterns", "synapolis.project"}
+        path_modules = {"synapolis.claim_index", "synapolis.pathpatterns", "synapolis.project",
+                        "synapolis.store.local.claim_index"}
         assert _modules(done) - beat_modules <= CLAIM_MODULES | path_modules, \
             sorted(_modules(done) - beat_modules)
     assert json.loads((ws.paths.claims / "src%2Fapi.py.json").read_text())["released_by"] == "alice"

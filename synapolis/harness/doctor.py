@@ -406,9 +406,15 @@ def run_doctor(root: Path | str, project_dir: Path | str | None = None, *, mount
     if remote:
         findings += check_server(root, env)
     else:
+        from ..errors import SynapolisError
         from ..store.checks import check_store  # reachable, schema version, server clock (contract §12)
+        from ..workspace import Workspace
 
-        findings += check_store(root, env)
+        try:  # the store check is given the opened state directory (the store never imports the workspace)
+            ws = Workspace.open(root, env=env)
+        except SynapolisError:
+            ws = None  # a broken config is the config check's finding
+        findings += check_store(ws, env)
     counts = {s: sum(1 for f in findings if f["status"] == s) for s in (OK, WARN, FAIL)}
     return {"ok": counts[FAIL] == 0, "state_dir": str(root), "project_dir": str(project),
             "counts": counts, "findings": findings}

@@ -18,23 +18,6 @@ MAX_REASON = 4096
 REAPED_HOLDER_STATUSES = frozenset({"dead"})
 
 
-def _is_record(doc, item: str | None = None) -> bool:
-    if not isinstance(doc, dict):
-        return False
-    token = doc.get("token")
-    if not (isinstance(token, int) and not isinstance(token, bool) and token >= 1):
-        return False
-    if not (isinstance(doc.get("item"), str) and isinstance(doc.get("claimed_by"), str)
-            and isinstance(doc.get("transitions"), list)):
-        return False
-    try:
-        parse_ts(doc["expires_at"])
-        parse_ts(doc["claimed_at"])
-    except (KeyError, ValueError):
-        return False
-    return item is None or doc["item"] == item
-
-
 def claim_state(record: dict, now: datetime) -> str:
     """held, expired or released: what a claim record means at `now`."""
     if record.get("released_at"):
@@ -80,12 +63,6 @@ def _push(record: dict, transition: dict) -> None:
     else:
         history.append(transition)
     del history[:-MAX_TRANSITIONS]
-
-
-def _event_of(record: dict, transition: dict) -> dict:
-    """The claims.jsonl line of one transition of `record`."""
-    return {"at": transition["at"], "item": record["item"],
-            **{k: v for k, v in transition.items() if k not in ("at", "log_at", "count")}}
 
 
 def _require_live(record: dict, token, now: datetime, agent_id: str | None = None,

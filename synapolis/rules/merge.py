@@ -3,32 +3,18 @@
 from __future__ import annotations
 
 import hashlib
-import unicodedata
 from datetime import datetime
 
-from ..timeutil import format_ts, parse_ts, utcnow
+# a memory's norm and moment: the ground's, which the store's ledger holdings judge by too
+from ..names import normalise_memory as normalise
+from ..timeutil import created_moment as _moment, format_ts
 
 LEDGER_SCHEMA_VERSION = 1
-
-
-def normalise(text: str) -> str:
-    """The form duplicates are found by: NFC, case-folded, white-space runs made one space, trimmed."""
-    return " ".join(unicodedata.normalize("NFC", text).casefold().split())
 
 
 def memory_id(norm: str, key: str | None) -> str:
     identity = f"key\0{key}\0{norm}" if key is not None else f"text\0{norm}"
     return hashlib.sha256(identity.encode("utf-8")).hexdigest()
-
-
-def _moment(entry) -> datetime:
-    value = entry.get("created_at")
-    if isinstance(value, datetime):
-        return value
-    try:
-        return parse_ts(value)
-    except (TypeError, ValueError):
-        return datetime.min.replace(tzinfo=utcnow().tzinfo)
 
 
 def merge_memories(entries, now: datetime) -> list[dict]:

@@ -14,7 +14,8 @@ from ..config import POSTGRES_SCHEMES, STORE_RULE, is_store_url, store_url_probl
 from ..errors import UsageError
 
 from .base import SessionStore as SessionStoreBase, Store, Transaction  # noqa: F401
-from .sqlite import SCHEMA_VERSION, SessionStore, SqliteStore  # noqa: F401  (SessionStore: the SQLite one)
+from .local import SCHEMA_VERSION, SessionStore, SqliteStore  # noqa: F401  (SessionStore: the SQLite one)
+from .pool import SessionPool
 
 ENV_STORE_URL = "SYNAPOLIS_STORE_URL"
 _KEPT = None  # the process's SessionPool (lend_session), made by the first verb that borrows a store
@@ -70,6 +71,9 @@ def store_for(ws) -> Store:
     return store
 
 
+SessionPool.store_for = staticmethod(store_for)  # the pool's way to a state directory's store (pool.py)
+
+
 def clock(ws, now: datetime | None = None) -> datetime:
     """Every verb's `now`: the one the caller fixed (a naive one taken as UTC), else the store's clock,
     the database server's on a shared store (§12); without a state directory, this machine's."""
@@ -90,8 +94,6 @@ def lend_session(ws, session_id: str):
     global _KEPT
     if _KEPT is None:
         import atexit
-
-        from .pool import SessionPool
 
         _KEPT = SessionPool()
         atexit.register(_KEPT.close)

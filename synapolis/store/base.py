@@ -1,7 +1,8 @@
 """The store interface: every operation the protocol performs on shared state, and nothing else.
 
 Modelled on httpx's transports: one interface here, one implementation per backend beside it
-(`sqlite.py`, the embedded default; `postgres.py`, one database shared by many machines). The
+(`local/`, the embedded default: SQLite and the state directory's files; `postgres/`, one database
+shared by many machines). The
 protocol's decisions (visibility, audience, Lamport values, the token bucket, the memory merge)
 are pure functions in signals.py, sessions.py and sleep.py; they call these methods inside the
 transaction a verb holds, so a drain marks exactly what it returns in the same transaction.
@@ -310,7 +311,7 @@ class Store(abc.ABC):
     def append_ledger(self, tx: Transaction, merged: list, *, session_id: str, merged_by: str,
                       reader=None) -> tuple[list, list]:
         """Inside the consolidating transaction `tx`: append the merged lines the ledger does not hold yet
-        (sleep.LedgerHoldings decides); returns (written, already held). Two consolidations at once
+        (store/ledger.py's LedgerHoldings decide); returns (written, already held). Two consolidations at once
         never both write one memory."""
 
     @abc.abstractmethod
@@ -335,90 +336,64 @@ class Store(abc.ABC):
         return None
 
     # -- claims (contract §9) ---------------------------------------------------------------------------
+    @abc.abstractmethod
     def claim_slot(self, item: str):
         """`with store.claim_slot(item) as slot:` one item's claim, exclusively: `slot.record` (None when
         missing or unreadable), `slot.existed`, `slot.high_water()` (the highest token ever handed out),
         `slot.write(record, event)` (the record and its event, both or neither). SQLite: the claim file
-        under its file lock."""
-        from ..claims import file_slot
+        under its file lock (store/local/claims.py)."""
 
-        return file_slot(self.ws, item)
-
+    @abc.abstractmethod
     def claim_document(self, item: str) -> tuple:
         """(record or None, existed) of one item, without locking."""
-        from ..claims import file_document
 
-        return file_document(self.ws, item)
-
+    @abc.abstractmethod
     def claim_documents(self):
         """(record or None, name, error) of every claimed item."""
-        from ..claims import file_documents
 
-        return file_documents(self.ws)
-
+    @abc.abstractmethod
     def path_claim_candidates(self, prefixes, under: str | None = None) -> list[str]:
         """The path claims that may be held whose index prefix (claim_index.index_prefix) is in `prefixes` or
         lies under `under`, without locking. SQLite: the index file."""
-        from ..claim_index import file_candidates
 
-        return file_candidates(self.ws, prefixes, under)
-
+    @abc.abstractmethod
     def claim_records(self, items) -> dict:
         """{item: record} of these items, read afresh (missing and unreadable ones left out)."""
-        from ..claim_index import file_records
 
-        return file_records(self.ws, items)
-
+    @abc.abstractmethod
     def wait_book(self):
         """`with store.wait_book() as book:` the claim waiters (contract §14), exclusively: `book.waits()`,
         `book.put(record, swept)`, `book.remove(agent_id, item)`, `book.claim_records(items)`.
         SQLite: state/claim-waits.json under its lock."""
-        from ..claim_waits import FileWaitBook
 
-        return FileWaitBook(self.ws)
-
+    @abc.abstractmethod
     def waits(self) -> list[dict]:
         """Every recorded waiter (live or not), without locking."""
-        import os
-
-        from ..claim_waits import BOOK_FILE, read_file_waits
-
-        return read_file_waits(os.path.join(self.ws.files.root, BOOK_FILE))
 
     # -- escalation incidents (contract §6) ------------------------------------------------------------
+    @abc.abstractmethod
     def escalation_book(self):
         """`with store.escalation_book() as book:` the incidents, held exclusively (one writer at a time
         across every machine sharing the store): `book.current()` {key name: incident}, and
         `book.record(changed, records)`, the changed incidents and the event records, all or none.
         SQLite: the escalations/ files under their file lock."""
-        from ..escalation import file_book
 
-        return file_book(self.ws)
-
+    @abc.abstractmethod
     def incidents(self) -> dict:
         """The current incident of every key, {key name: incident}, without locking."""
-        from ..escalation import load_incidents
 
-        return load_incidents(self.ws.paths)
-
+    @abc.abstractmethod
     def incident_log(self) -> list:
         """Every escalation event record ever stored (each with its `incident`), oldest first."""
-        from ..escalation import file_log
-
-        return file_log(self.ws)
 
     # -- the guard's events (contract §15: denials, refused commits, deadlocks; guard_events.py) ----------------
+    @abc.abstractmethod
     def record_event(self, event: dict, keep: int) -> None:
-        """Keep `event`, and only the newest `keep` of them. SQLite: guard-events.jsonl (store/events_local.py)."""
-        from .events_local import record
+        """Keep `event`, and only the newest `keep` of them. SQLite: guard-events.jsonl (store/local/events.py)."""
 
-        record(self.ws, event, keep)
-
+    @abc.abstractmethod
     def recent_events(self, limit: int) -> list[dict]:
         """The newest `limit` events kept, newest first."""
-        from .events_local import recent
-
-        return recent(self.ws, limit)
 
     def now(self):
         """The moment every comparison between agents uses: the local clock, or the server's."""

@@ -3,22 +3,20 @@
 from __future__ import annotations
 
 
-def check_store(root, env=None) -> list[dict]:
-    """Findings (check, status ok|warn|fail, message, fix) about the store of state directory `root`."""
+def check_store(ws, env=None) -> list[dict]:
+    """Findings (check, status ok|warn|fail, message, fix) about the store of the opened state directory `ws`
+    (None: its config does not load, which is the config check's finding)."""
     import time
 
     from ..config import STORE_RULE
     from ..errors import SynapolisError
     from ..timeutil import utcnow
-    from ..workspace import Workspace
     from . import ENV_STORE_URL, store_for, store_url
 
     def finding(status, message, fix=None, **extra):
         return {"check": "store", "status": status, "message": message, "fix": fix, **extra}
 
-    try:
-        ws = Workspace.open(root, env=env)
-    except SynapolisError:
+    if ws is None:
         return []  # a broken config is the config check's finding
     try:
         store_url(ws, env)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 
-# schema version 11 (postgres.SCHEMA runs it; idempotent). `record` is the event's JSON, `at` its time: the
+from .driver import NOTIFY_CHANNEL
+
+# schema version 11 (schema.SCHEMA runs it; idempotent). `record` is the event's JSON, `at` its time: the
 # newest KEEP rows per database are kept (one database is one swarm's store)
 EVENTS_SCHEMA = """
--- version 11: guard denials, refused commits and refused deadlocks, for the dashboard (store/events_pg.py)
+-- version 11: guard denials, refused commits and refused deadlocks, for the dashboard (store/postgres/events.py)
 CREATE TABLE IF NOT EXISTS guard_events
 (
     seq    BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -22,8 +24,6 @@ CHANGE_PAYLOAD = "@guard-events"
 
 def record(store, event: dict, keep: int) -> None:
     """Insert `event` and drop all but the newest `keep`, in one transaction; the dashboards are woken."""
-    from .postgres import NOTIFY_CHANNEL
-
     with store.transaction() as cur:
         cur.execute("INSERT INTO guard_events (at, type, record) VALUES (%s, %s, %s)",
                     (event.get("at") or "", event.get("type") or "", json.dumps(event, ensure_ascii=False)))

@@ -22,7 +22,7 @@ def _path(ws) -> str:
 
 def record(ws, event: dict, keep: int) -> None:
     """Append `event` under the record's lock (a trim never drops one appended meanwhile); trim when large."""
-    from ..atomic import locked, open_regular
+    from ...atomic import locked, open_regular
 
     path = _path(ws)
     line = (json.dumps(event, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
@@ -41,7 +41,7 @@ def record(ws, event: dict, keep: int) -> None:
 
 
 def _trim(path: str, keep: int) -> None:
-    from ..atomic import atomic_write_bytes
+    from ...atomic import atomic_write_bytes
 
     data = "".join(json.dumps(e, ensure_ascii=False, separators=(",", ":")) + "\n" for e in reversed(_newest(path, keep)))
     atomic_write_bytes(path, data.encode("utf-8"), durable=False, mode=0o644)
@@ -52,7 +52,7 @@ def _newest(path: str, limit: int) -> list[dict]:
     is skipped."""
     from itertools import islice
 
-    from ..atomic import iter_jsonl_backwards
+    from ...atomic import iter_jsonl_backwards
 
     return list(islice(iter_jsonl_backwards(path), max(0, limit)))
 
