@@ -21,7 +21,7 @@ if command -v npm >/dev/null 2>&1; then
     fi
     if [ -x "$harness_exe" ]; then
       export "$harness_var=$harness_exe"
-      echo "ci: $harness_bin $("$harness_exe" --version 2>/dev/null | tail -1)"
+      echo "ci: $harness_bin $("$harness_exe" --version 2>/dev/null | grep -m1 -F "$harness_version")"
     fi
   done
 fi
