@@ -38,6 +38,7 @@ LOCAL_ONLY = {
     "notify": "the notify targets are the server's configuration; run it on the server's machine",
 }
 FOLLOW_WAIT_S = 10.0  # one long-poll of `read-signals --follow`; the server answers at once when a signal comes
+ENV_FOLLOW_POLL = "SYNAPOLIS_FOLLOW_POLL_S"  # a shorter poll, for a proxy that cuts idle requests sooner
 FOLLOW_RETRIES = 3    # reconnects in a row before a follower gives up (exit 8), backing off 0.5, 1, 2 s
 
 
@@ -72,6 +73,19 @@ class Target:
     def where(self) -> str:
         return f"{self.host}:{self.port}"
 
+
+def follow_poll_s(env) -> float:
+    """How long one long-poll of `read-signals --follow` waits: FOLLOW_WAIT_S, or $SYNAPOLIS_FOLLOW_POLL_S."""
+    raw = env.get(ENV_FOLLOW_POLL)
+    if not raw:
+        return FOLLOW_WAIT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0.1 <= value <= 25:  # 25: the server's own bound on one poll (web/api_call.FOLLOW_WAIT_MAX_S)
+        raise UsageError(f"{ENV_FOLLOW_POLL} must be a number of seconds from 0.1 to 25, not {raw!r}")
+    return value
 
 def target(config, env=None) -> Target | None:
     """The server this machine goes through ($SYNAPOLIS_SERVER, else the config's `server`), or None."""
@@ -346,6 +360,7 @@ def make_verbs(t: Target, env=None) -> dict:
         `/api/call/follow`; the server away for FOLLOW_RETRIES reconnects in a row is BusyError (exit 8)."""
         import time
 
+        wait_s = follow_poll_s(env)  # a bad value said before anything is read
         first = verbs["read_signals"](ws, who, unread_only=unread_only, limit=limit)
         yield from first["signals"]
         last = max([s["sequence"] for s in first["signals"]] + [first.get("latest_sequence") or 0])
@@ -354,9 +369,9 @@ def make_verbs(t: Target, env=None) -> dict:
             me.update(agent_id=first["agent_id"], session_id=first.get("session_id") or me["session_id"])
         failures = 0
         while True:
-            kwargs = {"unread_only": unread_only, "after": last, "limit": limit, "wait_s": FOLLOW_WAIT_S}
+            kwargs = {"unread_only": unread_only, "after": last, "limit": limit, "wait_s": wait_s}
             try:
-                answer = call(t, "follow", {"who": me, "kwargs": kwargs}, extra_s=FOLLOW_WAIT_S)
+                answer = call(t, "follow", {"who": me, "kwargs": kwargs}, extra_s=wait_s)
             except BusyError:
                 failures += 1
                 if failures > FOLLOW_RETRIES:

@@ -95,16 +95,20 @@ def test_memories_and_escalations_list_and_ack_through_the_server(team, put_hear
     assert team.sandbox_holds() <= SANDBOX_OWN, team.sandbox_holds()
 
 
-def follower(team, token, *args):
-    """`read-signals --follow --json` in the sandbox; its stdout lines collect in `proc.lines` (a queue)."""
+def follower(team, token, *args, poll_s=None):
+    """`read-signals --follow --json` in the sandbox; its stdout lines collect in `proc.lines` (a queue), read
+    by `proc.reader` (a thread that ends at the process's end of output)."""
     import queue
     import threading
 
+    env = {"SYNAPOLIS_SERVER": team.url, "SYNAPOLIS_TOKEN": token}
+    if poll_s is not None:
+        env["SYNAPOLIS_FOLLOW_POLL_S"] = str(poll_s)
     proc = subprocess.Popen(synapolis_cmd(team.sandbox_dir, "read-signals", "--follow", "--json", *args),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=clean_env({"SYNAPOLIS_SERVER": team.url, "SYNAPOLIS_TOKEN": token}))
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env(env))
     proc.lines = queue.Queue()
-    threading.Thread(target=lambda: [proc.lines.put(line) for line in proc.stdout], daemon=True).start()
+    proc.reader = threading.Thread(target=lambda: [proc.lines.put(line) for line in proc.stdout], daemon=True)
+    proc.reader.start()
     return proc
 
 
@@ -122,7 +126,7 @@ def test_follow_prints_each_new_signal_once_and_ends_cleanly_on_ctrl_c(team):
     me = ok(team.there(token, "start", "--json"))["agent_id"]
     ok(team.here("start", "--agent-id", "lead"))
     ok(team.here("signal", "--agent-id", "lead", me, "before the follow"))
-    proc = follower(team, token)
+    proc = follower(team, token, poll_s=1)
     try:
         assert next_line(proc)["content"] == "before the follow"
         began = time.monotonic()
@@ -132,13 +136,15 @@ def test_follow_prints_each_new_signal_once_and_ends_cleanly_on_ctrl_c(team):
         ok(team.here("signal", "--agent-id", "lead", "*", "two"))
         ok(team.here("signal", "--agent-id", "lead", me, "three"))
         assert [next_line(proc)["content"] for _ in range(2)] == ["two", "three"]
-        time.sleep(12)  # past one long-poll's end: the next poll must neither repeat nor miss
+        # past one long-poll's end (1 s here): the next poll must neither repeat nor miss. A poll that ends
+        # empty leaves nothing another process can see, so this one wait is a fixed one.
+        time.sleep(1.5)
         ok(team.here("signal", "--agent-id", "lead", me, "four"))
         assert next_line(proc)["content"] == "four"
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=10) in (0, 130)
         assert "Traceback" not in proc.stderr.read()
-        time.sleep(0.2)
+        proc.reader.join(timeout=10)  # every line the follower printed is in the queue
         assert proc.lines.empty()  # nothing printed twice
     finally:
         proc.kill()
@@ -152,9 +158,11 @@ def test_follow_ends_with_exit_8_in_bounded_time_when_the_server_goes_away(ws, t
     team = Team(ws.root, tmp_path / "sandbox" / "state", url, proc, cli)
     try:
         token = team.token("sandbox")
-        ok(team.there(token, "start", "--json"))
+        me = ok(team.there(token, "start", "--json"))["agent_id"]
         following = follower(team, token)
-        time.sleep(2)  # inside a long-poll now
+        ok(team.here("start", "--agent-id", "lead"))
+        ok(team.here("signal", "--agent-id", "lead", me, "now in a long-poll"))
+        assert next_line(following)["content"] == "now in a long-poll"  # printed: the next poll has begun
         assert following.poll() is None
         stopped = time.monotonic()
         stop(proc)
@@ -178,3 +186,11 @@ def test_verbs_that_stay_beside_the_store_say_why(team):
         refused(done, 2, "UsageError")
         assert says in done.stderr, done.stderr
     assert team.sandbox_holds() <= SANDBOX_OWN, team.sandbox_holds()
+
+
+def test_a_follow_poll_that_is_no_number_of_seconds_is_one_line(team):
+    token = team.token("sandbox")
+    ok(team.there(token, "start", "--json"))
+    for bad in ("soon", "0", "26", "nan"):
+        done = team.there(token, "read-signals", "--follow", "--json", env={"SYNAPOLIS_FOLLOW_POLL_S": bad})
+        assert "SYNAPOLIS_FOLLOW_POLL_S" in refused(done, 2, "UsageError")
