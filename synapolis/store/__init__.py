@@ -14,8 +14,18 @@ from ..config import POSTGRES_SCHEMES, STORE_RULE, is_store_url, store_url_probl
 from ..errors import UsageError
 
 from .base import SessionStore as SessionStoreBase, Store, Transaction  # noqa: F401
-from .local import SCHEMA_VERSION, SessionStore, SqliteStore  # noqa: F401  (SessionStore: the SQLite one)
 from .pool import SessionPool
+
+
+def __getattr__(name: str):
+    """SCHEMA_VERSION, SessionStore (the SQLite one) and SqliteStore, loaded when first asked for: a module
+    that only needs a piece of the store (run_tokens, claim_keys) must not load sqlite3 and the SQLite
+    store with it (the pre-tool hook and the remote hook never open a store)."""
+    if name in ("SCHEMA_VERSION", "SessionStore", "SqliteStore"):
+        from . import local
+
+        return getattr(local, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 ENV_STORE_URL = "SYNAPOLIS_STORE_URL"
 _KEPT = None  # the process's SessionPool (lend_session), made by the first verb that borrows a store
@@ -57,6 +67,8 @@ def store_for(ws) -> Store:
     """The Store of this state directory (made once per process and URL)."""
     url = store_url(ws)
     if not is_postgres_url(url):
+        from .local import SqliteStore
+
         return SqliteStore(ws)
     # the process is part of the key: a forked child (multiprocessing) must not talk over its parent's
     # connection; it makes its own and leaves the parent's alone (close_all never closes another's)

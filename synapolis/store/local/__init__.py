@@ -9,7 +9,18 @@ imported only when a verb touches them.
 
 from __future__ import annotations
 
-from .connection import WAL_TRIM_BYTES, SessionStore, changes_path  # noqa: F401
-from .schema import PRIVATE_DIR, PRIVATE_FILE, SCHEMA_VERSION, create_private, make_private  # noqa: F401
-from .store import SqliteStore  # noqa: F401
-from .transaction import SqliteTransaction  # noqa: F401
+
+def __getattr__(name: str):
+    """The package's names, each loaded from its module when first asked for: importing one file family
+    (claim_index.py, claims.py, ...) must not load sqlite3 and the session database's modules with it."""
+    if name in ("WAL_TRIM_BYTES", "SessionStore", "changes_path"):
+        from . import connection as module
+    elif name in ("PRIVATE_DIR", "PRIVATE_FILE", "SCHEMA_VERSION", "create_private", "make_private"):
+        from . import schema as module
+    elif name == "SqliteStore":
+        from . import store as module
+    elif name == "SqliteTransaction":
+        from . import transaction as module
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(module, name)
