@@ -222,7 +222,7 @@ def send_pair(tmp: Path, admin: str | None, runs: int) -> dict:
                                                             f"raw {i}", i, None))
             raw.execute("COMMIT")
 
-        from synapolis.store.sqlite import _INSERT_SIGNAL, _SPEND_TOKEN
+        from synapolis.store.local.signals import _INSERT_SIGNAL, _SPEND_TOKEN
 
         stamp, rate, moment = ts(utcnow()), 10.0 ** 6, time.time()
 
