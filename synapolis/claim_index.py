@@ -27,7 +27,16 @@ from .pathpatterns import compile_pattern, matches, overlaps_compiled, prefixes_
 from .store.claim_keys import index_prefix, is_path_item, lines_of  # noqa: F401
 from .store.local.claim_index import (INDEX_FILE, INDEX_VERSION, file_candidates, file_index_change,  # noqa: F401
                                       index_path, one_reading, read_file_index)
-from .store.local.claims import file_records  # noqa: F401
+
+
+def __getattr__(name: str):
+    """`file_records`, importable from here as before the store's split, loaded when first asked for: the
+    pre-tool hook's free path reads the index and no claim file (store/local/claims.py stays unloaded)."""
+    if name == "file_records":
+        from .store.local.claims import file_records
+
+        return file_records
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def nothing_held(ws, env=None) -> bool:

@@ -13,19 +13,28 @@ from datetime import datetime, timezone
 from ..config import POSTGRES_SCHEMES, STORE_RULE, is_store_url, store_url_problem
 from ..errors import UsageError
 
-from .base import SessionStore as SessionStoreBase, Store, Transaction  # noqa: F401
-from .pool import SessionPool
+
+# name -> (the submodule that holds it, its name there), for __getattr__
+_LAZY = {"SCHEMA_VERSION": ("local", "SCHEMA_VERSION"), "SessionStore": ("local", "SessionStore"),
+         "SqliteStore": ("local", "SqliteStore"), "Store": ("base", "Store"), "Transaction": ("base", "Transaction"),
+         "SessionStoreBase": ("base", "SessionStore")}
 
 
 def __getattr__(name: str):
-    """SCHEMA_VERSION, SessionStore (the SQLite one) and SqliteStore, loaded when first asked for: a module
-    that only needs a piece of the store (run_tokens, claim_keys) must not load sqlite3 and the SQLite
-    store with it (the pre-tool hook and the remote hook never open a store)."""
-    if name in ("SCHEMA_VERSION", "SessionStore", "SqliteStore"):
-        from . import local
+    """The SQLite store's names (SCHEMA_VERSION, SessionStore, SqliteStore) and the interface's (Store,
+    Transaction, SessionStoreBase), loaded when first asked for: a module that needs only a piece of the store
+    (run_tokens, claim_keys) must not load sqlite3, the SQLite store or the interface's classes with it (the
+    pre-tool hook and the remote hook never open a store)."""
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    where, there = _LAZY[name]
+    if where == "local":
+        from . import local as module
+    else:
+        from . import base as module
+    value = globals()[name] = getattr(module, there)  # kept: the next access is a plain global
+    return value
 
-        return getattr(local, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 ENV_STORE_URL = "SYNAPOLIS_STORE_URL"
 _KEPT = None  # the process's SessionPool (lend_session), made by the first verb that borrows a store
@@ -83,7 +92,6 @@ def store_for(ws) -> Store:
     return store
 
 
-SessionPool.store_for = staticmethod(store_for)  # the pool's way to a state directory's store (pool.py)
 
 
 def clock(ws, now: datetime | None = None) -> datetime:
@@ -91,7 +99,12 @@ def clock(ws, now: datetime | None = None) -> datetime:
     the database server's on a shared store (§12); without a state directory, this machine's."""
     if now is not None:
         return now if now.tzinfo is not None else now.replace(tzinfo=timezone.utc)
-    return store_for(ws).now() if ws is not None else datetime.now(timezone.utc)
+    if ws is None:
+        return datetime.now(timezone.utc)
+    # the workspace's own store (Workspace.store, kept for the workspace's life): not looked up again on
+    # every verb's clock
+    kept = getattr(ws, "store", None)
+    return (kept if kept is not None else store_for(ws)).now()
 
 
 def open_session(ws, session_id: str, create: bool = False) -> SessionStoreBase:
@@ -106,6 +119,8 @@ def lend_session(ws, session_id: str):
     global _KEPT
     if _KEPT is None:
         import atexit
+
+        from .pool import SessionPool
 
         _KEPT = SessionPool()
         atexit.register(_KEPT.close)

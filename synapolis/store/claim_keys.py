@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from ..names import is_name
-from ..timeutil import parse_ts
 
 # pathpatterns is imported by the two functions that need it: a name's claim never loads the path machinery
 
@@ -18,6 +17,8 @@ def is_claim_record(doc, item: str | None = None) -> bool:
     if not (isinstance(doc.get("item"), str) and isinstance(doc.get("claimed_by"), str)
             and isinstance(doc.get("transitions"), list)):
         return False
+    from ..timeutil import parse_ts  # here: a hook's free path reads no record and never loads timeutil
+
     try:
         parse_ts(doc["expires_at"])
         parse_ts(doc["claimed_at"])

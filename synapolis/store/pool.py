@@ -16,10 +16,6 @@ class SessionPool:
     file's device and inode, so a replaced or removed session.db is reopened or reported missing) with the same
     busy timeout; a forked child keeps none of its parent's connections (SQLite forbids using them)."""
 
-    # the Store of a state directory (the package's store_for), set by the store package when it imports this
-    # module: the pool sits below the package, so it never imports it back
-    store_for = None
-
     def __init__(self, max_sessions: int = 4, idle_per_session: int = 1):
         self.max_sessions = max_sessions
         self.idle_per_session = idle_per_session
@@ -105,7 +101,7 @@ class Loan:
 
     def __enter__(self):
         ws, session_id = self.ws, self.session_id
-        backend = SessionPool.store_for(ws)
+        backend = ws.store  # the workspace's own Store (Workspace.store)
         self.key = (ws.files.root, session_id)
         # read before opening: a file replaced in between is kept under the old signature, which the next
         # verb finds changed (a reopen), never the other way round

@@ -23,4 +23,5 @@ def __getattr__(name: str):
         from . import transaction as module
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(module, name)
+    value = globals()[name] = getattr(module, name)  # kept: the next access is a plain global
+    return value
