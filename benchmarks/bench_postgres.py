@@ -153,7 +153,8 @@ def bench_sends(tmp: Path, url: str, count: int, chunk: int = 20, placement: str
 
     def fixed_send(n, kind):
         return (sid, f"{n:064x}", "2030-01-01T00:00:00.000000Z", "sender", "sink", "inform", f"{kind} {n}", "sender",
-                _text_array(["sink"]), float(10 ** 6), time.time(), _key(sid, "signals"), NOTIFY_CHANNEL, None, None)
+                _text_array(["sink"]), float(10 ** 6), time.time(), _key(sid, "signals"), NOTIFY_CHANNEL, None, None,
+                None, None)
 
     def timed(kind, send_one, size=chunk):  # `size` sends of one kind, each numbered anew, as one rate
         nonlocal n

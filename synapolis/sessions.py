@@ -7,7 +7,7 @@ from datetime import datetime
 from .errors import NotFoundError, SynapolisError
 from .names import generate_session_id, validate_session_id
 from .store import clock, open_session
-from .timeutil import format_ts
+from .timeutil import format_ts, micro_stamp
 
 # registry statuses (EP-0118's CHECK); a declared `stopped` is `sleeping` there
 REGISTRY_STATUSES = ("active", "idle", "sleeping", "stale")
@@ -20,7 +20,7 @@ def registry_status(declared: str) -> str:
 
 def ts(moment: datetime) -> str:
     """The timestamp format of the session store: fixed-width RFC 3339 with microseconds."""
-    return format_ts(moment, micro=True)
+    return micro_stamp(moment)
 
 
 def is_live(row, now: datetime, config) -> bool:

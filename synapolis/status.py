@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from datetime import datetime, timedelta
 
-from .timeutil import UTC, format_ts, parse_ts
+from .timeutil import UTC, format_ts, micro_stamp, parse_ts
 
 EFFECTIVE_STATUSES = ("active", "idle", "sleeping", "stopped", "stale", "dead", "invalid")
 HEALTHY = frozenset({"active", "idle", "sleeping", "stopped"})
@@ -230,6 +230,7 @@ def heartbeat_anywhere(ws, agent_id: str, now: datetime, copies: dict | None = N
 LIVE_REGISTRY_STATUSES = ("active", "idle")
 # the furthest RFC 3339 moment with microseconds: a ceiling past it never overflows
 _END_OF_TIME = "9999-12-31T23:59:59.999999Z"
+_last_window: tuple = (None, None, None, None, None)  # registry_window's last second: (second, stale, skew, prefixes)
 
 
 def registry_window(now: datetime, config) -> tuple[str, str]:
@@ -240,20 +241,26 @@ def registry_window(now: datetime, config) -> tuple[str, str]:
     it would otherwise count its agent live, block tired's consensus and a restart's take-over, and
     escape the watchdog's stale flag for as long as the skew. The SQL of the store mirrors this.
     """
-    cutoff = _micro_stamp(now - timedelta(seconds=float(config.stale_after_s)))
+    global _last_window
+    stale, skew = float(config.stale_after_s), float(config.clock_skew_s)
+    whole = now.tzinfo is UTC and stale.is_integer() and skew.is_integer()
+    if whole:
+        # both edges carry `now`'s microseconds: within one second (a busy server's sends), only those change
+        second, kept = now.replace(microsecond=0), _last_window
+        if kept[0] == second and kept[1] == stale and kept[2] == skew:
+            tail = ".%06dZ" % now.microsecond
+            return kept[3] + tail, kept[4] + tail
+    cutoff = micro_stamp(now - timedelta(seconds=stale))
     try:
-        ceiling = _micro_stamp(now + timedelta(seconds=float(config.clock_skew_s)))
+        ceiling = micro_stamp(now + timedelta(seconds=skew))
     except OverflowError:
-        ceiling = _END_OF_TIME
+        return cutoff, _END_OF_TIME
+    if whole:
+        _last_window = (second, stale, skew, cutoff[:-8], ceiling[:-8])  # replaced whole: threads see one or other
     return cutoff, ceiling
 
 
-def _micro_stamp(moment: datetime) -> str:
-    """format_ts(moment, micro=True); for a moment in UTC, datetime's own isoformat (in C, a fifth of the time:
-    every send judges its audience against two of these)."""
-    if moment.tzinfo is UTC:
-        return moment.isoformat(timespec="microseconds")[:-6] + "Z"  # "+00:00" off the end
-    return format_ts(moment, micro=True)
+_micro_stamp = micro_stamp  # its name here before timeutil had it
 
 
 def registry_freshness(now: datetime, config):

@@ -12,6 +12,15 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def micro_stamp(moment: datetime) -> str:
+    """format_ts(moment, micro=True), uncached; for a moment in UTC, datetime's own isoformat (in C, a fifth of
+    the time): a send stamps its signal and judges its audience by three of these, each a moment not seen before
+    (format_ts's cache would only add a miss). isoformat writes four digits of year, as format_ts does."""
+    if moment.tzinfo is UTC:
+        return moment.isoformat(timespec="microseconds")[:-6] + "Z"  # "+00:00" off the end
+    return format_ts(moment, micro=True)
+
+
 # cached: a monitor pass formats the same `now` and re-parses the same stamps for every agent
 @functools.lru_cache(maxsize=4096)
 def format_ts(moment: datetime, micro: bool = False) -> str:

@@ -49,7 +49,7 @@ def configure(ws, **values):
 BOTH_STORES = {"test_signals", "test_store_pool", "test_delivery", "test_sleep", "test_sessions", "test_board", "test_signals_processes", "test_store",
                "test_claims", "test_mcp", "test_mcp_identity",
                "test_people", "test_guard", "test_retries", "test_pretool", "test_remote", "test_guard_events",
-               "test_remote_guard", "test_remote_follow"}
+               "test_remote_guard", "test_remote_follow", "test_broadcast_audience"}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PG_SCRIPT = os.path.join(ROOT, "scripts", "synapolis-test-postgres")
 

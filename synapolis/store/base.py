@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import abc
 
+from ..timeutil import utcnow
+
 
 class Transaction(abc.ABC):
     """One open transaction on one session's shared state (`SessionStore.write()` / `.read()`)."""
@@ -397,8 +399,6 @@ class Store(abc.ABC):
 
     def now(self):
         """The moment every comparison between agents uses: the local clock, or the server's."""
-        from ..timeutil import utcnow
-
         return utcnow()
 
     def exclusive_pass(self, name: str, lock_path):

@@ -9,6 +9,7 @@ import sqlite3
 from ...errors import BusyError, InternalError, NotFoundError
 from ...paths import SESSION_CHANGES
 from .. import base
+from .audience import AudienceCache
 from .schema import (_BROADCASTS_INDEX, _IDEMPOTENCY_SCHEMA, _LIVENESS_INDEX, _SCHEMA, SCHEMA_VERSION,
                      _hash_clear_tokens, _statements, create_private, make_private)
 from .transaction import SqliteTransaction
@@ -58,6 +59,7 @@ class SessionStore(base.SessionStore):
         self._lock = _thread.RLock()  # what threading.RLock() builds, without importing threading
         self._wrote = False
         self._changes = changes_path(self.path)  # worked out once, not on every write transaction
+        self._audiences = AudienceCache()  # a broadcast's audience, kept while it holds (audience.py)
         try:
             # isolation_level=None: we issue BEGIN/COMMIT ourselves; timeout is SQLite's busy timeout.
             self._conn = sqlite3.connect(str(self.path), timeout=busy_timeout_ms / 1000.0,
@@ -217,7 +219,7 @@ class _InTransaction:
         if not self.writes:
             return SqliteTransaction(store._conn, store.session_id)
         store._wrote = True
-        return SqliteTransaction(store._conn, store.session_id, store._changes)
+        return SqliteTransaction(store._conn, store.session_id, store._changes, store._audiences)
 
     def __exit__(self, kind, value, traceback) -> None:
         store = self.store
@@ -226,9 +228,12 @@ class _InTransaction:
                 try:
                     store._conn.execute("COMMIT")
                 except BaseException as exc:
+                    store._audiences.forget()  # it may hold what the rollback undoes
                     _quietly(store._conn, "ROLLBACK")
                     store._raise(exc)
             else:
+                if self.writes:
+                    store._audiences.forget()  # it may hold what the rollback undoes
                 _quietly(store._conn, "ROLLBACK" if self.writes else "COMMIT")
         finally:
             store._lock.release()

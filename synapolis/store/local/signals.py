@@ -8,7 +8,7 @@ import sqlite3
 from ...atomic import bump_counter, read_counter
 from ...errors import InternalError
 from .. import base
-from .audience import broadcast_audience
+from .audience import AudienceCache
 
 _INSERT_SIGNAL = ("INSERT INTO signals (id, timestamp, sender, recipient, type, content, lamport, reply_to, "
                   "idempotency_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
@@ -40,13 +40,14 @@ class SqliteSignalTransaction(base.Transaction):
     `execute`/`executemany` reach the connection itself (tests and tools that inspect the SQLite file; the
     protocol code uses only the interface)."""
 
-    __slots__ = ("conn", "session_id", "changes", "_senders")
+    __slots__ = ("conn", "session_id", "changes", "_senders", "audiences")
 
-    def __init__(self, conn, session_id: str, changes: str | None = None):
+    def __init__(self, conn, session_id: str, changes: str | None = None, audiences: AudienceCache | None = None):
         self.conn = conn
         self.session_id = session_id
         self.changes = changes  # the session's change counter (changes_path); None in a read transaction
         self._senders = {}  # _broadcast_senders by reader, for this transaction (an insert forgets them)
+        self.audiences = audiences  # the connection's kept broadcast audience (SessionStore), or None
 
     def execute(self, sql, args=()):
         return self.conn.execute(sql, args)
@@ -95,6 +96,8 @@ class SqliteSignalTransaction(base.Transaction):
     def send_signal(self, signal, *, caller, candidates, rate, moment, window=None):
         conn = self.conn
         heard = None
+        audiences = self.audiences
+        unchanged = conn.total_changes  # before this send writes: the kept audience's mark, if it still holds
         # plain tuples, not sqlite3.Row, for every row read here: what signals.audience reads as it is
         cursor = conn.cursor()
         cursor.row_factory = None
@@ -104,8 +107,10 @@ class SqliteSignalTransaction(base.Transaction):
             parts = signal["sender"].split(".")
             chain = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
             rows = None
-            heard = broadcast_audience(cursor, chain, window) if window is not None else None
-            if heard is None:
+            if window is not None:
+                heard = (audiences or AudienceCache()).audience(cursor, chain, window)
+                unchanged = conn.total_changes
+            else:
                 rows = cursor.execute(f"SELECT id, status, last_heartbeat FROM agents WHERE id NOT IN "
                                       f"({','.join('?' * len(chain))}) ORDER BY id", chain).fetchall()
             mine = cursor.execute("SELECT lamport FROM agents WHERE id = ?", (caller,)).fetchone() if caller else None
@@ -132,7 +137,10 @@ class SqliteSignalTransaction(base.Transaction):
                 return {"refused": "rate", "tokens": tokens}
         lamport = (int(mine[-1]) if caller is not None else self.max_lamport()) + 1  # the row's last field
         signal = dict(signal, lamport=lamport)
-        return {"sequence": self.insert_signal(signal, caller), "lamport": lamport, "rows": rows, "audience": heard}
+        sequence = self.insert_signal(signal, caller)
+        if audiences is not None:
+            audiences.sent(unchanged, conn.total_changes)
+        return {"sequence": sequence, "lamport": lamport, "rows": rows, "audience": heard}
 
     def _count_change(self) -> None:
         """Bump the change counter before the commit, under the write lock: whoever reads the counter and then
@@ -140,6 +148,10 @@ class SqliteSignalTransaction(base.Transaction):
         (synapolis.harness.quiet), so a counter that cannot be bumped must not stay readable either. No
         counter yet means no hook remembers one (change_mark makes it, under this same lock): nothing to do,
         and a session without hooks pays nothing."""
+        if not os.access(self.changes, os.F_OK):
+            # no counter (the usual case without hooks): a check that raises nothing, where a failed open builds
+            # an exception on every send; it cannot appear meanwhile: it is made under the write lock we hold
+            return
         try:
             bump_counter(self.changes, create=False)
         except FileNotFoundError:

@@ -27,11 +27,12 @@ CLOCK_ANCHOR_S = 30.0  # how long `now()` runs on the monotonic clock before rea
 INSTALL_HINT = 'pip install "synapolis[postgres]"'
 
 # candidates, rate, moment, insert lock key, NOTIFY channel, reserved sequence, idempotency key
+# and the live window's two edges (a broadcast's audience judged in the function; schema version 12)
 SEND_CALL = ("SELECT synapolis_send(%s, %s, %s, %s, %s, %s, %s, %s, %s::text[], %s::float8, %s::float8, %s, %s, "
-             "%s::int8, %s::text) AS out")
-# the same as the statement each connection prepares at its second send (`_execute_send`), parameters $1 to $15
+             "%s::int8, %s::text, %s::text, %s::text) AS out")
+# the same as the statement each connection prepares at its second send (`_execute_send`), parameters $1 to $17
 SEND_STATEMENT_NAME = b"synapolis_send"
-SEND_STATEMENT = (SEND_CALL % tuple(f"${i}" for i in range(1, 16))).encode()
+SEND_STATEMENT = (SEND_CALL % tuple(f"${i}" for i in range(1, 18))).encode()
 _LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 _TRY_LOCK = "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0)) AS got"
 

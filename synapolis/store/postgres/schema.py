@@ -6,7 +6,7 @@ from .events import EVENTS_SCHEMA
 
 # each version's script is idempotent: an upgrade runs the whole of it again (9: path claims' index and waits, or
 # idempotency keys, on two branches; 10: both, so a database either branch left at 9 is upgraded too)
-SCHEMA_VERSION = 11  # 11: guard_events (store/postgres/events.py)
+SCHEMA_VERSION = 12  # 11: guard_events (store/postgres/events.py); 12: synapolis_send judges a broadcast
 
 _C = 'TEXT COLLATE "C"'  # ids and timestamps compare byte-wise, as on SQLite, whatever the database's locale
 
@@ -290,6 +290,108 @@ BEGIN
     END IF;
     PERFORM pg_notify(p_channel, p_session);
     RETURN json_build_object('sequence', v_sequence, 'lamport', v_clock + 1, 'rows', v_rows);
+END
+$send$;
+
+-- version 12: the live window's two edges; a broadcast's audience judged inside, from its own index (issue 31)
+CREATE INDEX IF NOT EXISTS agents_by_liveness ON agents (session_id, status, last_heartbeat, id);
+CREATE OR REPLACE FUNCTION synapolis_send(p_session TEXT, p_id TEXT, p_timestamp TEXT, p_sender TEXT,
+    p_recipient TEXT, p_type TEXT, p_content TEXT, p_caller TEXT, p_candidates TEXT[], p_rate DOUBLE PRECISION,
+    p_moment DOUBLE PRECISION, p_lock_key TEXT, p_channel TEXT, p_reserved BIGINT, p_key TEXT, p_cutoff TEXT,
+    p_ceiling TEXT) RETURNS JSON
+    LANGUAGE plpgsql
+AS $send$
+DECLARE
+    v_rows     JSON;
+    v_live     TEXT;
+    v_waiting  JSON;
+    v_clock    BIGINT;
+    v_tokens   DOUBLE PRECISION;
+    v_sequence BIGINT;
+BEGIN
+    -- a broadcast with the live window (cutoff, ceiling; status.registry_window): its audience judged here, the
+    -- live ids as one string (no object per recipient), the waiting ones, usually few, with their status
+    IF p_candidates IS NULL AND p_cutoff IS NOT NULL THEN
+        -- (from the ranges of agents_by_liveness, unordered: the caller sorts the ids)
+        SELECT string_agg(a.id, E'\n') INTO v_live FROM agents a
+        WHERE a.session_id = p_session AND a.status IN ('active', 'idle') AND a.last_heartbeat >= p_cutoff
+          AND a.last_heartbeat <= p_ceiling AND a.id <> p_sender AND NOT starts_with(p_sender, a.id || '.');
+        -- the waiting: the index's ranges around the live ones, each its own branch (a plan that scans them all
+        -- would read every registration again)
+        SELECT COALESCE(json_agg(json_build_array(w.id, w.status)), '[]'::json) INTO v_waiting FROM (
+            SELECT id, status FROM agents WHERE session_id = p_session AND status IN ('sleeping', 'stale')
+            UNION ALL SELECT id, status FROM agents WHERE session_id = p_session AND status IN ('active', 'idle')
+                AND last_heartbeat < p_cutoff
+            UNION ALL SELECT id, status FROM agents WHERE session_id = p_session AND status IN ('active', 'idle')
+                AND last_heartbeat > p_ceiling
+            UNION ALL SELECT id, status FROM agents WHERE session_id = p_session AND status IN ('active', 'idle')
+                AND last_heartbeat IS NULL) w
+        WHERE w.id <> p_sender AND NOT starts_with(p_sender, w.id || '.');
+    -- else of each row of the audience, what signals.audience reads
+    ELSIF p_candidates IS NULL THEN
+        SELECT COALESCE(json_agg(json_build_object('id', a.id, 'status', a.status, 'last_heartbeat',
+                                                   a.last_heartbeat) ORDER BY a.id), '[]'::json)
+        INTO v_rows FROM agents a
+        WHERE a.session_id = p_session AND a.id <> p_sender AND NOT starts_with(p_sender, a.id || '.');
+    ELSE
+        SELECT json_agg(json_build_object('id', a.id, 'status', a.status, 'last_heartbeat', a.last_heartbeat)
+                        ORDER BY a.id) INTO v_rows FROM agents a
+        WHERE a.session_id = p_session AND a.id = ANY (p_candidates);
+        IF v_rows IS NULL THEN
+            RETURN json_build_object('refused', 'recipient');
+        END IF;
+    END IF;
+    IF p_caller IS NOT NULL THEN
+        SELECT lamport INTO v_clock FROM agents WHERE session_id = p_session AND id = p_caller;
+        IF NOT FOUND THEN
+            RETURN json_build_object('refused', 'caller');
+        END IF;
+        IF p_rate IS NOT NULL THEN
+            -- one statement refills, spends and writes the bucket on its latest version, holding its row (two
+            -- sends of one agent on two machines cannot spend one token); a bucket short of a token stays as it is
+            INSERT INTO rate_buckets AS b (session_id, agent_id, tokens, updated_at)
+            SELECT p_session, p_caller, p_rate - 1.0, p_moment WHERE p_rate >= 1.0
+            ON CONFLICT (session_id, agent_id) DO UPDATE
+            SET tokens = LEAST(p_rate, b.tokens + GREATEST(0.0, p_moment - b.updated_at) * (p_rate / 60.0)) - 1.0,
+                updated_at = p_moment
+            WHERE LEAST(p_rate, b.tokens + GREATEST(0.0, p_moment - b.updated_at) * (p_rate / 60.0)) >= 1.0;
+            IF NOT FOUND THEN
+                SELECT LEAST(p_rate, tokens + GREATEST(0.0, p_moment - updated_at) * (p_rate / 60.0)) INTO v_tokens
+                FROM rate_buckets WHERE session_id = p_session AND agent_id = p_caller;
+                RETURN json_build_object('refused', 'rate', 'tokens', COALESCE(v_tokens, p_rate));
+            END IF;
+        END IF;
+    ELSE
+        SELECT COALESCE(max(lamport), 0) INTO v_clock FROM signals WHERE session_id = p_session;
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtextextended(p_lock_key, 0));
+    -- A stored id (the same message twice in one microsecond) is found by the unique index itself (ON
+    -- CONFLICT), not by a SELECT whose plan a connection keeps: one planned while the table was new went on
+    -- scanning the session's every signal through another index (docs/STORE.md, "Round trips"). The number
+    -- such an attempt drew is handed back, and the retry (the next microsecond's id, in this transaction,
+    -- under this lock) stores with it: a duplicate leaves no gap in the session's sequence.
+    IF p_reserved IS NULL THEN
+        INSERT INTO signals (session_id, id, timestamp, sender, recipient, type, content, lamport, reply_to,
+                             idempotency_key)
+        VALUES (p_session, p_id, p_timestamp, p_sender, p_recipient, p_type, p_content, v_clock + 1, NULL, p_key)
+        ON CONFLICT (session_id, id) DO NOTHING RETURNING sequence INTO v_sequence;
+    ELSE
+        INSERT INTO signals (sequence, session_id, id, timestamp, sender, recipient, type, content, lamport,
+                             reply_to, idempotency_key) OVERRIDING SYSTEM VALUE
+        VALUES (p_reserved, p_session, p_id, p_timestamp, p_sender, p_recipient, p_type, p_content, v_clock + 1,
+                NULL, p_key)
+        ON CONFLICT (session_id, id) DO NOTHING RETURNING sequence INTO v_sequence;
+    END IF;
+    IF v_sequence IS NULL THEN
+        RETURN json_build_object('sequence', NULL, 'lamport', v_clock + 1, 'rows', v_rows, 'reserved',
+                                 COALESCE(p_reserved, currval(pg_get_serial_sequence('signals', 'sequence'))));
+    END IF;
+    IF p_caller IS NOT NULL THEN
+        UPDATE agents SET lamport = v_clock + 1 WHERE session_id = p_session AND id = p_caller AND lamport < v_clock + 1;
+    END IF;
+    PERFORM pg_notify(p_channel, p_session);
+    RETURN json_build_object('sequence', v_sequence, 'lamport', v_clock + 1, 'rows', v_rows, 'live', v_live,
+                             'waiting', v_waiting);
 END
 $send$;
 

@@ -114,14 +114,17 @@ class PostgresSignalTransaction(base.Transaction):
             self._horizon = max(self._horizon, sequence)  # our own insert is ours to see
         return sequence
 
-    def send_signal(self, signal, *, caller, candidates, rate, moment):
+    judges_audience = True  # send_signal takes the live window and answers a broadcast's audience itself
+
+    def send_signal(self, signal, *, caller, candidates, rate, moment, window=None):
         key = signal.get("idempotency_key")
+        cutoff, ceiling = window if window is not None else (None, None)
         try:
             sent = _execute_send(
                 self.cur.connection,
                 (self.session_id, signal["id"], signal["timestamp"], signal["sender"], signal["recipient"],
                  signal["type"], signal["content"], caller, _text_array(candidates), rate, moment,
-                 _key(self.session_id, "signals"), NOTIFY_CHANNEL, self._reserved, key))
+                 _key(self.session_id, "signals"), NOTIFY_CHANNEL, self._reserved, key, cutoff, ceiling))
         except psycopg.Error as exc:
             _key_taken(exc, "signals_by_key", key)
             raise
@@ -132,6 +135,13 @@ class PostgresSignalTransaction(base.Transaction):
         self._senders.clear()
         if out.get("sequence") is not None and self._horizon is not None:
             self._horizon = max(self._horizon, int(out["sequence"]))  # our own insert is ours to see
+        if out.get("waiting") is not None:  # judged by the function: signals.audience's answer
+            waiting = out["waiting"]
+            waiting.sort()
+            out["audience"] = {"live": sorted(out["live"].split("\n")) if out["live"] else [],
+                               "waiting": [agent_id for agent_id, _state in waiting],
+                               "waiting_status": {agent_id: "stale" if state in ("active", "idle") else state
+                                                  for agent_id, state in waiting}}
         return out
 
     def recent_signals(self, limit):
