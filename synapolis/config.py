@@ -216,6 +216,13 @@ class Config:
         except KeyError:
             raise AttributeError(name) from None
 
+    # the keys every send reads, as properties: a name __getattr__ answers is found only after the normal lookup
+    # failed (an exception raised and caught inside Python, four times a send)
+    stale_after_s = property(lambda self: self.values["stale_after_s"])
+    clock_skew_s = property(lambda self: self.values["clock_skew_s"])
+    rate_limit_per_min = property(lambda self: self.values["rate_limit_per_min"])
+    max_content_bytes = property(lambda self: self.values["max_content_bytes"])
+
     @property
     def notify_cmd(self) -> list[str] | None:
         """The notifier as a list of arguments; UsageError for a string that cannot be split (an unclosed

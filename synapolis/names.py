@@ -134,7 +134,10 @@ def check_content(value, what: str, config, allow_empty: bool = False) -> str:
         raise UsageError(f"{what} must be text")
     if not value and not allow_empty:
         raise UsageError(f"{what} is empty")
-    size = len(check_text(value, what).encode("utf-8"))
+    try:
+        size = len(value.encode("utf-8"))  # check_text's test and the size in one encoding
+    except UnicodeEncodeError:
+        raise UsageError(f"{what} is not valid UTF-8 text") from None
     if size > int(config.max_content_bytes):
         raise UsageError(f"{what} is {size} bytes, more than max_content_bytes={config.max_content_bytes}")
     return value

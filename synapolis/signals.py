@@ -15,6 +15,7 @@ from .names import PERSON_PREFIX, check_content, is_subagent_of, sha256_hex, val
 from .rules.signals import (BROADCAST, audience, bucket_tokens, fit, is_visible, json_cost,  # noqa: F401 - as before
                             next_lamport, rate_limited_error, recipient_chain)
 from .sessions import agent_row, ts
+from .timeutil import micro_stamp
 
 TYPES = ("inform", "query", "delegate", "ack", "warn", "sleep_event", "sleep_request")
 METHODS = ("startup_drain", "piggyback", "poll", "push", "hook")
@@ -236,7 +237,7 @@ def send(tx, *, caller: str | None, recipient: str, content: str, now: datetime,
 
 def _new_signal(sender, recipient, type_, content, moment: datetime, lamport, reply_id, key=None) -> dict:
     """The row a send stores, stamped `moment` (its id hashes the stamp: a retry one microsecond later is new)."""
-    stamp = ts(moment)
+    stamp = micro_stamp(moment)  # sessions.ts, without its call
     signal = {"id": signal_id(sender, recipient, type_, content, stamp), "sequence": None, "timestamp": stamp,
               "sender": sender, "recipient": recipient, "type": type_, "content": content, "lamport": lamport,
               "reply_to": reply_id}
@@ -253,15 +254,15 @@ def _send_in_one_call(tx, *, caller, sender, recipient, type_, content, now, con
     moment = now
     # a store that judges a broadcast's audience itself (SQLite: from an index, no row per recipient) gets the
     # live window; the others answer the rows signals.audience judges
-    extra = {}
-    if candidates is None and getattr(tx, "judges_audience", False):
+    window = None
+    if candidates is None and tx.judges_audience:
         from .status import registry_window
 
-        extra["window"] = registry_window(now, config)
+        window = registry_window(now, config)
     while True:
         signal = _new_signal(sender, recipient, type_, content, moment, None, None, key)
         outcome = tx.send_signal(signal, caller=caller, candidates=candidates, rate=rate, moment=now.timestamp(),
-                                 **extra)
+                                 window=window)
         refused = outcome.get("refused")
         if refused == "recipient":
             raise _unknown_recipient(recipient)

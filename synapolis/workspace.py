@@ -8,6 +8,19 @@ from .config import Config, load_config, write_default_config
 from .errors import UsageError
 from .paths import StateFiles, StatePaths, locate_state_dir
 
+# this process's id, kept (os.getpid is a system call, and every verb's clock asks the workspace for its store);
+# a forked child sets its own before it runs anything
+_pid = os.getpid()
+
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_forked)
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # annotations only: the hot paths never load pathlib (paths.StateFiles)
     from pathlib import Path
@@ -30,7 +43,7 @@ class Workspace:
         workspace, never looks the store up again mid-call. A forked child opens its own (a connection to a
         database server is never shared across processes)."""
         kept = self._store
-        pid = os.getpid()
+        pid = _pid
         if kept is None or kept[0] != pid:
             from .store import store_for  # the layer below; imported where a verb first needs it
 

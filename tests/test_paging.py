@@ -164,7 +164,7 @@ def test_a_schema_2_store_gets_the_broadcast_index_when_opened(ws, start_agent):
     page = actions.read_signals(ws, Who("bob", sid), env={}, now=NOW)
     assert [s["content"] for s in page["signals"]] == ["before the upgrade"]
     check = sqlite3.connect(path)
-    assert check.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 5
+    assert check.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 6
     assert check.execute("SELECT name FROM sqlite_master WHERE name = 'signals_broadcasts_by_sender'").fetchone()
     check.close()
 
@@ -180,7 +180,7 @@ def test_a_schema_4_store_gets_the_liveness_index_and_broadcasts_through_it(ws, 
     heard = actions.signal(ws, Who("alice", sid), "*", "after the upgrade", env={}, now=NOW)["audience"]
     assert heard == {"live": ["bob", "carol"], "waiting": [], "waiting_status": {}}
     check = sqlite3.connect(path)
-    assert check.execute("PRAGMA user_version").fetchone()[0] == 5
+    assert check.execute("PRAGMA user_version").fetchone()[0] == 6
     assert check.execute("SELECT name FROM sqlite_master WHERE name = 'agents_by_liveness'").fetchone()
     for sql, args in ((_LIVE_IDS, ("a", "b")), (_WAITING_ROWS, ("a", "b"))):
         plan = " ".join(row[3] for row in check.execute("EXPLAIN QUERY PLAN " + sql, args))
@@ -344,7 +344,28 @@ def test_a_store_at_version_3_of_either_kind_is_completed(ws, start_agent, left_
     again = actions.signal(ws, Who("alice", sid), "bob", "keyed", env={}, now=NOW, idempotency_key="k1")
     assert again["replayed"] is True and again["signal"]["id"] == sent["signal"]["id"]
     check = sqlite3.connect(path)
-    assert check.execute("PRAGMA user_version").fetchone()[0] == 5
+    assert check.execute("PRAGMA user_version").fetchone()[0] == 6
     names = {row[0] for row in check.execute("SELECT name FROM sqlite_master")}
     assert {"signals_broadcasts_by_sender", "signals_by_key", "note_keys"} <= names
+    check.close()
+
+
+def test_a_schema_5_store_keeps_its_token_buckets_in_the_registry_after_the_upgrade(ws, start_agent):
+    """Schema 6 moves each agent's token bucket into its registry row: a session.db of schema 5 whose
+    rate_buckets says alice has spent her tokens is migrated when opened, and her next send is refused with
+    the wait her stored bucket gives, where a fresh bucket would have let it through; bob's full one sends."""
+    from synapolis.errors import RateLimitedError
+
+    moment = NOW.timestamp()
+    sid, path = older_store(ws, start_agent, 5, "ALTER TABLE agents DROP COLUMN tokens",
+                            "ALTER TABLE agents DROP COLUMN bucket_at", "DELETE FROM rate_buckets",
+                            f"INSERT INTO rate_buckets VALUES ('alice', 0.5, {moment!r})")
+    with pytest.raises(RateLimitedError) as refused:
+        actions.signal(ws, Who("alice", sid), "bob", "one too many", env={}, now=NOW)
+    assert refused.value.retry_after_s == pytest.approx(0.5 / (ws.config.rate_limit_per_min / 60.0))
+    actions.signal(ws, Who("bob", sid), "alice", "a full bucket", env={}, now=NOW)
+    check = sqlite3.connect(path)
+    assert check.execute("PRAGMA user_version").fetchone()[0] == 6
+    assert check.execute("SELECT id, tokens, bucket_at FROM agents ORDER BY id").fetchall() == [
+        ("alice", 0.5, moment), ("bob", ws.config.rate_limit_per_min - 1.0, moment)]
     check.close()

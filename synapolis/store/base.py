@@ -104,8 +104,10 @@ class Transaction(abc.ABC):
     # (the SQLite store, where a call costs no round trip) and builds no row for it
     offers_send_signal = False
 
+    judges_audience = False  # send_signal answers a broadcast's audience itself, given the live window
+
     def send_signal(self, signal: dict, *, caller: str | None, candidates: list | None, rate: float | None,
-                    moment: float) -> dict | None:
+                    moment: float, window: tuple | None = None) -> dict | None:
         """Optional, for a store where round trips cost: `signals.send` in one call. Check the audience
         (`candidates`: the registered ids a directed signal may reach, None for a broadcast), check the
         registered `caller`, spend one token of its bucket (`rate` per minute at `moment`, epoch seconds;
@@ -113,7 +115,9 @@ class Transaction(abc.ABC):
         for the system sender) and store it as `insert_signal` does. Returns {"refused": "recipient" |
         "caller" | "rate", "tokens"} with nothing stored, or {"sequence" (None when that id is stored
         already), "lamport", "rows": the audience's registry rows, each with at least `id`, `status` and
-        `last_heartbeat` (what `signals.audience` reads)}. Called only where `offers_send_signal`."""
+        `last_heartbeat` (what `signals.audience` reads)}; where `judges_audience`, a broadcast given `window`
+        (status.registry_window's cutoff and ceiling) answers "audience" (signals.audience's answer) instead of
+        its rows. Called only where `offers_send_signal`."""
         raise NotImplementedError
 
     def signals_above(self, floor: int, limit: int) -> list | None:

@@ -10,8 +10,8 @@ from ...errors import BusyError, InternalError, NotFoundError
 from ...paths import SESSION_CHANGES
 from .. import base
 from .audience import AudienceCache
-from .schema import (_BROADCASTS_INDEX, _IDEMPOTENCY_SCHEMA, _LIVENESS_INDEX, _SCHEMA, SCHEMA_VERSION,
-                     _hash_clear_tokens, _statements, create_private, make_private)
+from .schema import (_BROADCASTS_INDEX, _BUCKET_COLUMNS, _IDEMPOTENCY_SCHEMA, _LIVENESS_INDEX, _SCHEMA,
+                     SCHEMA_VERSION, _hash_clear_tokens, _statements, create_private, make_private)
 from .transaction import SqliteTransaction
 
 
@@ -122,6 +122,10 @@ class SessionStore(base.SessionStore):
                         conn.execute(statement)  # (has_key: a store marked older than it is)
             if version < 5:
                 conn.execute(_LIVENESS_INDEX)
+            if version < 6:
+                has_bucket = any(row[1] == "tokens" for row in conn.execute("PRAGMA table_info(agents)"))
+                for statement in _BUCKET_COLUMNS if not has_bucket else ():
+                    conn.execute(statement)
             if version < SCHEMA_VERSION:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         if migrating:

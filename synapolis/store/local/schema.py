@@ -10,7 +10,8 @@ from ..run_tokens import hash_token, is_hashed
 # 2: run tokens are kept as their SHA-256 (store/run_tokens.py), and the files are private (0600/0700)
 # 3: the broadcasts' index by sender (signals_broadcasts_by_sender), or idempotency keys (_IDEMPOTENCY_SCHEMA): two
 #    branches each made a version 3; 4: both, each step idempotent, so a store either one left at 3 is completed
-SCHEMA_VERSION = 5
+# 6: each agent's token bucket in its registry row (_BUCKET_COLUMNS)
+SCHEMA_VERSION = 6
 # session.db, its -wal and -shm hold every agent's signals and (hashed) run token: only their owner may
 # read them, from the moment they exist (SQLite gives -wal and -shm the mode of the database file)
 PRIVATE_FILE = 0o600
@@ -25,6 +26,13 @@ _BROADCASTS_INDEX = ("CREATE INDEX IF NOT EXISTS signals_broadcasts_by_sender ON
 # ones are one range of it per live status, the rest the ranges around them, so a broadcast reads ids from the
 # index without touching a registration row (issue 31; audience.py)
 _LIVENESS_INDEX = "CREATE INDEX IF NOT EXISTS agents_by_liveness ON agents (status, last_heartbeat, id)"
+
+# Schema 6: each agent's token bucket (rate_limit_per_min) in its own registry row, NULL for a full one: a send
+# spends its token and raises its Lamport clock in one statement on one row (store/local/signals.py), where the
+# rate_buckets table (kept, no longer written) took a statement and a page of its own. Copied over once.
+_BUCKET_COLUMNS = ("ALTER TABLE agents ADD COLUMN tokens REAL", "ALTER TABLE agents ADD COLUMN bucket_at REAL",
+                   "UPDATE agents SET (tokens, bucket_at) = (SELECT b.tokens, b.updated_at FROM rate_buckets b "
+                   "WHERE b.agent_id = agents.id) WHERE EXISTS (SELECT 1 FROM rate_buckets b WHERE b.agent_id = agents.id)")
 
 # EP-0118 §3's five tables exactly as written (names, columns, CHECKs), then our additions.
 # Timestamps we write are RFC 3339 UTC with microseconds (`2026-06-02T10:09:24.123456Z`): fixed
@@ -103,7 +111,7 @@ CREATE TABLE IF NOT EXISTS signal_deliveries
     FOREIGN KEY (signal_id) REFERENCES signals (id) ON DELETE CASCADE
 );
 
--- one token bucket per sending agent (rate_limit_per_min)
+-- one token bucket per sending agent (rate_limit_per_min), up to schema 5 (since: agents.tokens, bucket_at)
 CREATE TABLE IF NOT EXISTS rate_buckets
 (
     agent_id   TEXT PRIMARY KEY,

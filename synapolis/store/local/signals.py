@@ -12,11 +12,15 @@ from .audience import AudienceCache
 
 _INSERT_SIGNAL = ("INSERT INTO signals (id, timestamp, sender, recipient, type, content, lamport, reply_to, "
                   "idempotency_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
-# signals.take_token's arithmetic in SQL (both IEEE doubles): refill at `rate / 60` a second up to `rate`,
-# spend one; RETURNING gives no row when the WHERE kept the update out (fewer than one token)
-_SPEND_TOKEN = ("INSERT INTO rate_buckets (agent_id, tokens, updated_at) VALUES (?, ?, ?) ON CONFLICT(agent_id) "
-                "DO UPDATE SET tokens = min(?, tokens + max(0.0, ? - updated_at) * ?) - 1.0, updated_at = ? "
-                "WHERE min(?, tokens + max(0.0, ? - updated_at) * ?) >= 1.0 RETURNING tokens")
+# The caller's part of a send, one statement on its registry row (schema 6): its token bucket refilled at
+# `rate / 60` a second up to `rate` (NULL: full) and one token spent, signals.take_token's arithmetic in the same
+# IEEE doubles, and its Lamport clock raised by one, the value the signal carries. No row back: no such agent, or
+# fewer than one token (the WHERE kept the update out, nothing written). Parameters: rate, moment, rate / 60, id.
+_SPEND_AND_TICK = ("UPDATE agents SET tokens = min(?1, coalesce(tokens + max(0.0, ?2 - bucket_at) * ?3, ?1)) - 1.0, "
+                   "bucket_at = ?2, lamport = lamport + 1 "
+                   "WHERE id = ?4 AND min(?1, coalesce(tokens + max(0.0, ?2 - bucket_at) * ?3, ?1)) >= 1.0 "
+                   "RETURNING lamport")
+_TICK = "UPDATE agents SET lamport = lamport + 1 WHERE id = ? RETURNING lamport"  # unlimited, or a retry's
 _COLS = "s.sequence, s.id, s.timestamp, s.sender, s.recipient, s.type, s.content, s.lamport, s.reply_to"
 _UNREAD = " AND NOT EXISTS (SELECT 1 FROM signal_reads r WHERE r.signal_id = s.id AND r.agent_id = ?)"
 _UNDELIVERED = " AND NOT EXISTS (SELECT 1 FROM signal_deliveries d WHERE d.signal_id = s.id AND d.agent_id = ?)"
@@ -40,7 +44,7 @@ class SqliteSignalTransaction(base.Transaction):
     `execute`/`executemany` reach the connection itself (tests and tools that inspect the SQLite file; the
     protocol code uses only the interface)."""
 
-    __slots__ = ("conn", "session_id", "changes", "_senders", "audiences")
+    __slots__ = ("conn", "session_id", "changes", "_senders", "audiences", "_ticked")
 
     def __init__(self, conn, session_id: str, changes: str | None = None, audiences: AudienceCache | None = None):
         self.conn = conn
@@ -48,6 +52,7 @@ class SqliteSignalTransaction(base.Transaction):
         self.changes = changes  # the session's change counter (changes_path); None in a read transaction
         self._senders = {}  # _broadcast_senders by reader, for this transaction (an insert forgets them)
         self.audiences = audiences  # the connection's kept broadcast audience (SessionStore), or None
+        self._ticked = None  # (caller, lamport) of a send whose id was stored already: its retry's value
 
     def execute(self, sql, args=()):
         return self.conn.execute(sql, args)
@@ -95,49 +100,49 @@ class SqliteSignalTransaction(base.Transaction):
 
     def send_signal(self, signal, *, caller, candidates, rate, moment, window=None):
         conn = self.conn
-        heard = None
+        heard = rows = None
         audiences = self.audiences
         unchanged = conn.total_changes  # before this send writes: the kept audience's mark, if it still holds
         # plain tuples, not sqlite3.Row, for every row read here: what signals.audience reads as it is
         cursor = conn.cursor()
         cursor.row_factory = None
         if candidates is None:
-            # a broadcast reaches everyone but the sender and the agents it is a sub-agent of: its own
-            # chain of ids, excluded by the primary key; only the three fields the audience reads
+            # a broadcast reaches everyone but the sender and the agents it is a sub-agent of: its own chain of ids
             parts = signal["sender"].split(".")
             chain = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
-            rows = None
             if window is not None:
                 heard = (audiences or AudienceCache()).audience(cursor, chain, window)
                 unchanged = conn.total_changes
             else:
                 rows = cursor.execute(f"SELECT id, status, last_heartbeat FROM agents WHERE id NOT IN "
                                       f"({','.join('?' * len(chain))}) ORDER BY id", chain).fetchall()
-            mine = cursor.execute("SELECT lamport FROM agents WHERE id = ?", (caller,)).fetchone() if caller else None
         else:
-            wanted = candidates if caller is None or caller in candidates else [*candidates, caller]
-            found = cursor.execute("SELECT id, status, last_heartbeat, lamport FROM agents WHERE id IN "
-                                   f"({','.join('?' * len(wanted))}) ORDER BY id", wanted).fetchall()
-            rows = [r[:3] for r in found if r[0] in candidates]
+            rows = cursor.execute("SELECT id, status, last_heartbeat FROM agents WHERE id IN "
+                                  f"({','.join('?' * len(candidates))}) ORDER BY id", candidates).fetchall()
             if not rows:
                 return {"refused": "recipient"}
-            mine = next((r for r in found if r[0] == caller), None)
-        if caller is not None and mine is None:
-            return {"refused": "caller"}
-        if rate is not None:
-            # the bucket refilled to `moment` and one token spent in one statement; none returned: empty
-            spent = None
-            if rate >= 1.0:  # a smaller rate never holds a whole token (the config's is a whole number >= 1)
-                spent = cursor.execute(_SPEND_TOKEN, (caller, rate - 1.0, moment, rate, moment, rate / 60.0, moment,
-                                                      rate, moment, rate / 60.0)).fetchone()
-            if spent is None:
+        if caller is None:
+            lamport = self.max_lamport() + 1
+        elif self._ticked is not None and self._ticked[0] == caller:
+            lamport = self._ticked[1]  # the retry of a send whose id was stored: its clock went up already
+        else:
+            if rate is None:
+                ticked = cursor.execute(_TICK, (caller,)).fetchone()
+            elif rate >= 1.0:  # a smaller rate never holds a whole token (the config's is a whole number >= 1)
+                ticked = cursor.execute(_SPEND_AND_TICK, (rate, moment, rate / 60.0, caller)).fetchone()
+            else:
+                ticked = None
+            if ticked is None:
+                if self.agent(caller) is None:
+                    return {"refused": "caller"}
                 row = self.rate_bucket(caller)
                 tokens = rate if row is None else min(rate, row["tokens"] + max(0.0, moment - row["updated_at"])
                                                       * rate / 60.0)
                 return {"refused": "rate", "tokens": tokens}
-        lamport = (int(mine[-1]) if caller is not None else self.max_lamport()) + 1  # the row's last field
-        signal = dict(signal, lamport=lamport)
-        sequence = self.insert_signal(signal, caller)
+            lamport = ticked[0]
+        signal["lamport"] = lamport  # (the caller's own row, made for this attempt)
+        sequence = self.insert_signal(signal)  # (the caller's clock is at `lamport` already)
+        self._ticked = (caller, lamport) if sequence is None and caller is not None else None
         if audiences is not None:
             audiences.sent(unchanged, conn.total_changes)
         return {"sequence": sequence, "lamport": lamport, "rows": rows, "audience": heard}

@@ -66,14 +66,13 @@ class SqliteTransaction(SqliteSignalTransaction):
                           (mark, mark, agent_id))
 
     # -- the rate limit ------------------------------------------------------------------------------
+    # (in the agent's registry row since schema 6: NULL tokens is a full bucket; only a registered agent sends)
     def rate_bucket(self, agent_id):
-        return self.conn.execute("SELECT tokens, updated_at FROM rate_buckets WHERE agent_id = ?",
-                                 (agent_id,)).fetchone()
+        return self.conn.execute("SELECT tokens, bucket_at AS updated_at FROM agents WHERE id = ? "
+                                 "AND tokens IS NOT NULL", (agent_id,)).fetchone()
 
     def set_rate_bucket(self, agent_id, tokens, updated_at):
-        self.conn.execute("INSERT INTO rate_buckets (agent_id, tokens, updated_at) VALUES (?, ?, ?) "
-                          "ON CONFLICT(agent_id) DO UPDATE SET tokens = excluded.tokens, "
-                          "updated_at = excluded.updated_at", (agent_id, tokens, updated_at))
+        self.conn.execute("UPDATE agents SET tokens = ?, bucket_at = ? WHERE id = ?", (tokens, updated_at, agent_id))
 
     # -- the whiteboard ------------------------------------------------------------------------------
     def whiteboard_set(self, key, value, agent_id, stamp):
