@@ -360,10 +360,12 @@ def make_verbs(t: Target, env=None) -> dict:
         `/api/call/follow`; the server away for FOLLOW_RETRIES reconnects in a row is BusyError (exit 8)."""
         import time
 
+        from .rules.signals import follow_from
+
         wait_s = follow_poll_s(env)  # a bad value said before anything is read
         first = verbs["read_signals"](ws, who, unread_only=unread_only, limit=limit)
         yield from first["signals"]
-        last = max([s["sequence"] for s in first["signals"]] + [first.get("latest_sequence") or 0])
+        last = follow_from(first, limit)  # past a page cut by its size: the rest of the unread next
         me = _identity(ws, who, env)
         if first.get("agent_id"):  # as the server resolved it: the same agent on every poll
             me.update(agent_id=first["agent_id"], session_id=first.get("session_id") or me["session_id"])
