@@ -135,3 +135,25 @@ def test_guard_mode_off_in_the_sandbox_asks_nobody_and_warn_on_the_server_warns(
     (team.sandbox_dir / "synapolis.json").write_text(json.dumps({"guard": {"mode": "off"}}))
     away = team.there(token, "hook", "claude-code", input=json.dumps(event), server="http://127.0.0.1:9")
     assert away.stdout.strip() in ("", "{}") and away.stderr == ""  # off: no call at all, nothing to say
+
+
+def test_a_commit_refused_in_a_sandbox_is_on_the_servers_event_record(team, ws):
+    # git's pre-commit hook runs `guard --staged --commit`: through the server the refusal used to be recorded
+    # nowhere (the sandbox has no store) and told to nobody, so the team's page never showed it
+    from synapolis import guard_events
+
+    held_by_bob(team)
+    token = team.token("sandbox")
+    me = ok(team.there(token, "start", "--json"))["agent_id"]
+    done = team.there(token, "guard", sandbox_file(team, "src/api/users.py"), "--commit")
+    assert done.returncode == 3 and "held by bob" in done.stdout, done.stderr
+    events = guard_events.recent(ws, 10)
+    assert [(e["kind"], e["agent_id"], e["paths"], e["holders"], e["via"]) for e in events] == \
+        [("commit refused", me, ["src/api/users.py"], ["bob"], "git commit")]
+    # a read-only token asks as nobody and is refused alike, but writes nothing, not even an event
+    reader = team.token("reader", "--read-only")
+    assert team.there(reader, "guard", "src/api/users.py", "--commit").returncode == 3
+    # without --commit (a person asking) nothing is recorded either
+    assert team.there(token, "guard", "src/api/users.py").returncode == 3
+    assert len(guard_events.recent(ws, 10)) == 1
+    assert team.sandbox_holds() <= SANDBOX_OWN, team.sandbox_holds()

@@ -99,6 +99,8 @@ def run_call(state, principal, verb: str, payload) -> dict:
                                                                              writes=verb not in READS)
             if verb == "signals_pending":
                 kwargs["method"] = "poll"
+            if verb == "guard" and principal.read_only:
+                kwargs.pop("commit", None)  # a read-only token is answered, but records no refused commit
             try:
                 result = fn(ws, who, *args, env={}, **kwargs)
             except TypeError as exc:  # the wrong number of arguments: the caller's mistake, said as such
