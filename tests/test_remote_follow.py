@@ -213,3 +213,18 @@ def test_follow_through_the_server_prints_every_unread_signal_past_a_budget_cut_
         proc.kill()
         proc.wait()
 
+
+def test_a_server_only_knob_given_by_position_is_a_usage_error_not_a_crash(team):
+    # escalation.ack(ws, incident_id, now): `now` is the server's clock, refused by name, but `args` reached it
+    # by position, and a text there was a 500 with a traceback in the server's log
+    import httpx2
+
+    token = team.token("sandbox")
+    with httpx2.Client(base_url=team.url, timeout=10, headers={"authorization": f"Bearer {token}"}) as http:
+        answer = http.post("/api/call/escalations_ack", json={"args": ["abcdefgh", "2020-01-01T00:00:00Z"]})
+        assert answer.status_code == 400, answer.text
+        error = answer.json()["error"]
+        assert error["type"] == "UsageError" and "now" in error["message"]
+        answer = http.post("/api/call/escalations_ack", json={"args": ["abcdefgh"]})  # as the CLI sends it
+        assert answer.status_code == 404 and answer.json()["error"]["type"] == "NotFoundError"
+    assert "Traceback" not in "".join(team.proc.said)

@@ -75,8 +75,13 @@ def run_call(state, principal, verb: str, payload) -> dict:
     args, kwargs = payload.get("args") or [], payload.get("kwargs") or {}
     if not isinstance(args, list) or not isinstance(kwargs, dict):
         raise UsageError("args must be a list and kwargs an object")
-    allowed = set(inspect.signature(fn).parameters) - _SERVER_ONLY - {"ws", "who"}
+    parameters = inspect.signature(fn).parameters
+    allowed = set(parameters) - _SERVER_ONLY - {"ws", "who"}
     unknown = sorted(set(kwargs) - allowed)
+    # nor by position: `args` fill the parameters after ws (and who), and a server-only one (escalation.ack's
+    # `now`) is no caller's either
+    positional = [n for n, p in parameters.items() if p.kind == p.POSITIONAL_OR_KEYWORD and n not in ("ws", "who")]
+    unknown += sorted(set(positional[:len(args)]) & _SERVER_ONLY)
     if unknown:
         raise UsageError(f"{verb} takes no {', '.join(unknown)}")
     ws = state.workspace()
