@@ -412,10 +412,11 @@ def make_verbs(t: Target, env=None) -> dict:
 
 def relative_paths(ws, paths) -> tuple[dict[str, str], list[str]]:
     """({project-relative path: the path as given} for the paths inside this machine's project, [the others]).
-    A sandbox's clone and the team's checkout share project-relative paths, never absolute ones."""
+    A sandbox's clone and the team's checkout share project-relative paths, never absolute ones, in their case:
+    the server folds them where its own file system ignores case (folded here, `src/Api.py` missed its claim)."""
     from .project import split_paths
 
-    inside, outside = split_paths(ws, paths)
+    inside, outside = split_paths(ws, paths, keep_case=True)
     found: dict[str, str] = {}
     for path, rel in inside:
         found.setdefault(rel, path)

@@ -157,3 +157,26 @@ def test_a_commit_refused_in_a_sandbox_is_on_the_servers_event_record(team, ws):
     assert team.there(token, "guard", "src/api/users.py").returncode == 3
     assert len(guard_events.recent(ws, 10)) == 1
     assert team.sandbox_holds() <= SANDBOX_OWN, team.sandbox_holds()
+
+
+def test_a_sandbox_on_a_case_insensitive_file_system_is_refused_a_path_held_with_capitals(team, monkeypatch):
+    # the sandbox made each path project-relative with its own case folding (lower case on macOS or Windows),
+    # and the server on a file system that heeds case compared `src/api.py` with bob's `src/Api.py`: no overlap,
+    # the edit went through. Only case-kept paths travel; the server folds as its own file system does
+    from synapolis import project
+    from synapolis.harness import hooks
+    from synapolis.workspace import Workspace
+
+    ok(team.here("start", "--agent-id", "bob"))
+    ok(team.here("claim", "src/Api.py", "--agent-id", "bob"))
+    token = team.token("sandbox")
+    env = {"SYNAPOLIS_SERVER": team.url, "SYNAPOLIS_TOKEN": token, "SYNAPOLIS_STATE_DIR": str(team.sandbox_dir)}
+    sandbox = Workspace.open(team.sandbox_dir, env=env)
+    # this process plays a sandbox whose file system ignores case (project.ignores_case's answer, cached)
+    monkeypatch.setitem(project._ROOTS, sandbox.files.root, (str(team.sandbox_dir.parent), True))
+    held = sandbox_file(team, "src/Api.py")
+    event = {"session_id": "conv-ci", "hook_event_name": "PreToolUse", "tool_name": "Edit",
+             "tool_input": {"file_path": held}}
+    result = hooks.handle("claude-code", json.dumps(event), state_dir=str(team.sandbox_dir), env=env)
+    assert result["output"]["hookSpecificOutput"]["permissionDecision"] == "deny", result["problems"]
+    assert "claimed by bob" in result["output"]["hookSpecificOutput"]["permissionDecisionReason"]
