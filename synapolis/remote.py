@@ -386,13 +386,19 @@ def make_verbs(t: Target, env=None) -> dict:
                     last = item["sequence"]
                     yield item
 
-    def guard(ws, who=None, paths=(), **kwargs):
+    def guard(ws, who=None, paths=(), commit=False, **kwargs):
         """The guard asked of the server for this machine's project-relative paths (only those travel); each
-        blocked path named as it was given here, the paths outside the project answered here."""
+        blocked path named as it was given here, the paths outside the project answered here. `commit` is sent
+        only when set, and a server older than it is asked again without (the refusal stands, unrecorded)."""
         from .guard import _check_paths
 
         inside, outside = relative_paths(ws, _check_paths(paths))
-        answer = acting("guard")(ws, who, list(inside), **kwargs)
+        try:
+            answer = acting("guard")(ws, who, list(inside), **kwargs, **({"commit": True} if commit else {}))
+        except UsageError as exc:
+            if not (commit and "takes no commit" in exc.message):
+                raise
+            answer = acting("guard")(ws, who, list(inside), **kwargs)
         for b in answer.get("blocked") or []:
             b["path"] = inside.get(b.get("path"), b.get("path"))
         answer["outside"] = outside + list(answer.get("outside") or [])

@@ -180,3 +180,49 @@ def test_a_sandbox_on_a_case_insensitive_file_system_is_refused_a_path_held_with
     result = hooks.handle("claude-code", json.dumps(event), state_dir=str(team.sandbox_dir), env=env)
     assert result["output"]["hookSpecificOutput"]["permissionDecision"] == "deny", result["problems"]
     assert "claimed by bob" in result["output"]["hookSpecificOutput"]["permissionDecisionReason"]
+
+
+def test_a_server_from_before_guard_commit_still_guards_a_newer_sandbox(team):
+    # A server older than `guard --commit` through the server refuses a `commit` it does not know ("guard takes
+    # no commit", exit 2): the sandbox sends it only with --commit, and then asks again without it, so the
+    # refusal stands (unrecorded there) instead of the guard failing and git letting the commit through.
+    # The older server is the real one behind a proxy that answers `commit` as the older one did.
+    import urllib.request
+    from http.server import BaseHTTPRequestHandler
+
+    from conftest import LocalServer, respond
+
+    seen = []
+
+    class OlderServer(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers.get("content-length") or 0))
+            call = json.loads(body or b"{}")
+            seen.append(sorted((call.get("kwargs") or {}).keys()))
+            if "commit" in (call.get("kwargs") or {}):
+                error = {"type": "UsageError", "message": "guard takes no commit", "exit_code": 2}
+                return respond(self, 400, "application/json", json.dumps({"error": error}).encode())
+            ask = urllib.request.Request(team.url + self.path, data=body, method="POST",
+                                         headers={"authorization": self.headers["authorization"],
+                                                  "content-type": "application/json"})
+            try:
+                with urllib.request.urlopen(ask, timeout=30) as answer:
+                    respond(self, answer.status, "application/json", answer.read())
+            except urllib.error.HTTPError as refused:
+                respond(self, refused.code, "application/json", refused.read())
+
+        def log_message(self, *args):
+            pass
+
+    held_by_bob(team)
+    token = team.token("sandbox")
+    older = LocalServer(OlderServer)
+    try:
+        ok(team.there(token, "start", "--json", server=older.url))
+        plain = team.there(token, "guard", "src/api/users.py", server=older.url)
+        assert plain.returncode == 3 and "held by bob" in plain.stdout, plain.stderr
+        committed = team.there(token, "guard", "src/api/users.py", "--commit", server=older.url)
+        assert committed.returncode == 3 and "held by bob" in committed.stdout, committed.stderr
+    finally:
+        older.close()
+    assert ["commit"] not in seen[:2] and seen[-2:] == [["commit"], []], seen
