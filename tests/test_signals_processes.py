@@ -197,6 +197,15 @@ class _Lines:
             raise AssertionError("no line before the deadline") from None
 
 
+def _interrupt(follower) -> None:
+    """Ctrl-C for a `read-signals --follow` process; killed if it has not ended within 10 s."""
+    follower.send_signal(signals_module.SIGINT)
+    try:
+        follower.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        follower.kill()
+
+
 def test_follow_streams_new_signals(ws, start_agent, db_rows):
     sid = start_agent("alice")["session_id"]
     start_agent("bob")
@@ -218,11 +227,7 @@ def test_follow_streams_new_signals(ws, start_agent, db_rows):
         # following is a pure query: nothing was marked delivered
         assert db_rows(sid, "SELECT * FROM signal_deliveries WHERE agent_id = 'bob'") == []
     finally:
-        follower.send_signal(signals_module.SIGINT)
-        try:
-            follower.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            follower.kill()
+        _interrupt(follower)
     assert follower.returncode == 0
     assert "Traceback" not in follower.stderr.read()
 
@@ -254,9 +259,5 @@ def test_follow_prints_every_unread_signal_when_the_first_page_is_cut_by_its_bud
         actions.signal(ws, Who("alice", sid), "bob", "after", env={})
         assert json.loads(lines.next(30))["content"] == "after"  # and then each new one, as before
     finally:
-        follower.send_signal(signals_module.SIGINT)
-        try:
-            follower.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            follower.kill()
+        _interrupt(follower)
     assert "Traceback" not in follower.stderr.read()
