@@ -277,11 +277,19 @@ def claim_check(ws, who: Who | None, item: str, token, *, env=None, now: datetim
             "pending_remaining": 0}
 
 
-def guard(ws, who: Who | None = None, paths=(), *, env=None, now: datetime | None = None) -> dict:
-    """May the caller write `paths`? (contract §14; synapolis.guard.guard). A pure query: no refresh, no delivery."""
+def guard(ws, who: Who | None = None, paths=(), *, commit: bool = False, env=None,
+          now: datetime | None = None) -> dict:
+    """May the caller write `paths`? (contract §14; synapolis.guard.guard). A pure query: no refresh, no delivery.
+    `commit`: asked by git's pre-commit hook, so a refusal is a refused commit, recorded and told (guard_events)
+    where the store is: beside it, or on the team server for a machine that goes through one (§16)."""
     from .guard import guard as ask
 
-    return ask(ws, who, paths, now=now, env=env)
+    answer = ask(ws, who, paths, now=now, env=env)
+    if commit and not answer["allowed"]:
+        from .guard_events import commit_refused
+
+        commit_refused(ws, answer, now=now)
+    return answer
 
 
 # -- the other verbs live in one module per area; `actions.<verb>` still finds each (docs/API.md) --------

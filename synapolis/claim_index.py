@@ -73,7 +73,10 @@ def holders_of(ws, rel_paths: list[str], now: datetime) -> dict[str, list[dict]]
     _root, fold = project_of(ws)
     store = ws.store
     keys = {path: prefixes_of(path.lower()) for path in rel_paths}
-    wanted = sorted({p for ps in keys.values() for p in ps})
+    # a claim item is ASCII (names.validate_claim_item), so is its prefix: a path's non-ASCII prefix matches
+    # none, and one holding a surrogate (a file name git gave in bytes that are not UTF-8) is no text a
+    # database takes (PostgreSQL refused the whole guard: exit 1, and git's hook let the commit through)
+    wanted = sorted({p for ps in keys.values() for p in ps if p.isascii()})
     candidates = store.path_claim_candidates(wanted)
     if not candidates:
         return {}

@@ -22,11 +22,23 @@ KINDS = {GUARD_DENIED: "denied", CLAIMS_DEADLOCK: "deadlock"}
 COMMIT_KIND = "commit refused"  # a guard.denied whose refusal was git's, not a harness's
 
 
+def _text(value: str) -> str:
+    """`value` as UTF-8 takes it: a file name git gave in bytes that are not UTF-8 (decoded with surrogates,
+    guard.staged_paths) shows them as U+FFFD, as the CLI prints it; kept as it was, the record's line and
+    PostgreSQL refused it and the event was lost."""
+    if value.isascii():
+        return value
+    try:
+        return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:  # a lone surrogate that stands for no byte
+        return value.encode("utf-8", "replace").decode("utf-8")
+
+
 def _unique(values) -> list[str]:
     seen: list[str] = []
     for value in values:
-        if isinstance(value, str) and value and value not in seen:
-            seen.append(value)
+        if isinstance(value, str) and value and _text(value) not in seen:
+            seen.append(_text(value))
     return seen
 
 
@@ -39,7 +51,7 @@ def event_record(event_type: str, *, at: str, agent_id, paths, holders, via: str
     # the id from os.urandom, not uuid: importing uuid alone costs a hook about a millisecond
     return {"id": os.urandom(8).hex(), "at": at, "type": event_type, "kind": kind or KINDS.get(event_type, event_type),
             "agent_id": agent_id, "paths": paths[:LIST_MAX], "more_paths": max(0, len(paths) - LIST_MAX),
-            "holders": holders[:LIST_MAX], "via": via, "line": line[:LINE_MAX]}
+            "holders": holders[:LIST_MAX], "via": via, "line": _text(line[:LINE_MAX])}
 
 
 def tell(ws, event_type: str, subject: str, data: dict, *, agent_id, paths, holders, via: str, line: str,

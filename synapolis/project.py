@@ -105,9 +105,11 @@ def relative_path(path: str, root: str, fold: bool = False) -> str | None:
     return out.lower() if fold else out
 
 
-def split_paths(ws, paths) -> tuple[list[tuple[str, str]], list[str]]:
-    """([(path, its project-relative form)] for each of `paths` inside `ws`'s project, [the others]), in order."""
+def split_paths(ws, paths, keep_case: bool = False) -> tuple[list[tuple[str, str]], list[str]]:
+    """([(path, its project-relative form)] for each of `paths` inside `ws`'s project, [the others]), in order.
+    `keep_case`: never folded, even where this file system ignores case (for another machine to compare)."""
     root, fold = project_of(ws)
+    fold = fold and not keep_case
     inside: list[tuple[str, str]] = []
     outside: list[str] = []
     for path in paths:

@@ -149,6 +149,7 @@ def follow_signals(ws, who: Who | None = None, *, unread_only: bool = True, limi
     """
     import threading
 
+    from .rules.signals import follow_from
     from .watching import event_handler, start_observer, stop_observer, writes_only
 
     stop = stop or threading.Event()
@@ -171,7 +172,7 @@ def follow_signals(ws, who: Who | None = None, *, unread_only: bool = True, limi
     changed.set()
     try:
         yield from first["signals"]
-        last = max([s["sequence"] for s in first["signals"]] + [first["latest_sequence"]])
+        last = follow_from(first, limit)  # past a page cut by its size, the rest of the unread come next
         with open_session(ws, session) as store:
             while not stop.is_set():
                 changed.wait(safety_wait_s)

@@ -121,6 +121,25 @@ def test_a_refused_commit_is_kept_and_told(ws, receiver):
     assert len(dashboard.collect(Workspace.open(ws.paths.root))["events"]) == 1
 
 
+
+def test_a_refused_commit_of_a_file_whose_name_is_not_utf8_is_kept(ws):
+    # git names such a file in bytes; its path reached the record with a surrogate in it, which neither the
+    # record's UTF-8 line nor PostgreSQL takes, and the refusal was silently left out of the record
+    project = ws.paths.root.parent
+    alice_holds(ws)
+    git(project.parent, "init", "-q", "-b", "main", str(project))
+    (project / ".gitignore").write_text("/*\n!/src/\n!/.gitignore\n")
+    (project / "src" / "api").mkdir(parents=True, exist_ok=True)
+    (project / "src" / "api" / os.fsdecode(b"caf\xe9.py")).write_text("v = 1\n")
+    git(project, "add", "-A")
+    done = subprocess.run(synapolis_cmd(ws.paths.root, "guard", "--staged", "--commit"), cwd=project,
+                          capture_output=True, text=True, errors="replace", env=clean_env(), timeout=60)
+    assert done.returncode == 3 and "alice" in done.stdout, done.stderr
+    (event,) = guard_events.recent(ws, 5)
+    assert event["kind"] == "commit refused" and event["paths"] == ["src/api/caf\ufffd.py"]
+    assert event["holders"] == ["alice"] and "caf\ufffd.py" in event["line"]
+
+
 def test_the_record_keeps_the_newest_200_newest_first(ws):
     from synapolis.store.local import events as events_local
 

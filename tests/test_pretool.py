@@ -311,3 +311,40 @@ def test_one_reading_reads_the_claims_index_once_and_only_inside(ws):
         claims.claim(ws, "src/b.py", "alice", now=NOW)  # a writer reads the index afresh, whatever the block
         assert read_file_index(ws) == {"src/a.py": "src/a.py"}  # the one reading, as at its moment
     assert set(read_file_index(ws)) == {"src/a.py", "src/b.py"}  # afterwards (and for the writer): read afresh
+
+
+@pytest.mark.sqlite_only
+def test_one_reading_in_one_thread_never_outlives_it_in_another(ws):
+    # the team server decides sandboxes' pre-tool events on worker threads at once (web/api_call.run_hook).
+    # The held reading was one module global: A enters, B enters (and shares it), A leaves, B leaves and puts
+    # back what it found, A's reading, for good; every later guard in that process answered from it, and a
+    # path claimed afterwards was let through
+    import threading
+
+    from synapolis.claim_index import one_reading, read_file_index
+    from synapolis.guard import guard
+
+    held_by_alice(ws, "src/a.py")
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+
+    def a():
+        with one_reading():
+            read_file_index(ws)
+            a_in.set()
+            b_in.wait(10)
+        a_out.set()
+
+    def b():
+        a_in.wait(10)
+        with one_reading():
+            read_file_index(ws)
+            b_in.set()
+            a_out.wait(10)
+
+    threads = [threading.Thread(target=a), threading.Thread(target=b)]
+    [t.start() for t in threads]
+    [t.join(10) for t in threads]
+    claims.claim(ws, "src/b.py", "alice", now=NOW)
+    assert set(read_file_index(ws)) == {"src/a.py", "src/b.py"}
+    answer = guard(ws, Who("bob"), ["src/b.py"], now=NOW)
+    assert answer["allowed"] is False and [b["item"] for b in answer["blocked"]] == ["src/b.py"]

@@ -194,3 +194,37 @@ def test_a_follow_poll_that_is_no_number_of_seconds_is_one_line(team):
     for bad in ("soon", "0", "26", "nan"):
         done = team.there(token, "read-signals", "--follow", "--json", env={"SYNAPOLIS_FOLLOW_POLL_S": bad})
         assert "SYNAPOLIS_FOLLOW_POLL_S" in refused(done, 2, "UsageError")
+
+
+def test_follow_through_the_server_prints_every_unread_signal_past_a_budget_cut_page(team):
+    # four 40,000-character signals: the first page holds two (PAGE_BUDGET_CHARS); the follower used to go on
+    # from the newest sequence after it and never print the other two
+    token = team.token("sandbox")
+    me = ok(team.there(token, "start", "--json"))["agent_id"]
+    ok(team.here("start", "--agent-id", "lead"))
+    for i in range(4):
+        ok(team.here("signal", "--agent-id", "lead", me, "x" * 40_000 + f" big {i}"))
+    proc = follower(team, token, poll_s=1)
+    try:
+        assert [next_line(proc)["content"][-5:] for _ in range(4)] == ["big 0", "big 1", "big 2", "big 3"]
+        ok(team.here("signal", "--agent-id", "lead", me, "after"))
+        assert next_line(proc)["content"] == "after"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_server_only_knob_given_by_position_is_a_usage_error_not_a_crash(team):
+    # escalation.ack(ws, incident_id, now): `now` is the server's clock, refused by name, but `args` reached it
+    # by position, and a text there was a 500 with a traceback in the server's log
+    import httpx2
+
+    token = team.token("sandbox")
+    with httpx2.Client(base_url=team.url, timeout=10, headers={"authorization": f"Bearer {token}"}) as http:
+        answer = http.post("/api/call/escalations_ack", json={"args": ["abcdefgh", "2020-01-01T00:00:00Z"]})
+        assert answer.status_code == 400, answer.text
+        error = answer.json()["error"]
+        assert error["type"] == "UsageError" and "now" in error["message"]
+        answer = http.post("/api/call/escalations_ack", json={"args": ["abcdefgh"]})  # as the CLI sends it
+        assert answer.status_code == 404 and answer.json()["error"]["type"] == "NotFoundError"
+    assert "Traceback" not in "".join(team.proc.said)

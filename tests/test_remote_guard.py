@@ -135,3 +135,94 @@ def test_guard_mode_off_in_the_sandbox_asks_nobody_and_warn_on_the_server_warns(
     (team.sandbox_dir / "synapolis.json").write_text(json.dumps({"guard": {"mode": "off"}}))
     away = team.there(token, "hook", "claude-code", input=json.dumps(event), server="http://127.0.0.1:9")
     assert away.stdout.strip() in ("", "{}") and away.stderr == ""  # off: no call at all, nothing to say
+
+
+def test_a_commit_refused_in_a_sandbox_is_on_the_servers_event_record(team, ws):
+    # git's pre-commit hook runs `guard --staged --commit`: through the server the refusal used to be recorded
+    # nowhere (the sandbox has no store) and told to nobody, so the team's page never showed it
+    from synapolis import guard_events
+
+    held_by_bob(team)
+    token = team.token("sandbox")
+    me = ok(team.there(token, "start", "--json"))["agent_id"]
+    done = team.there(token, "guard", sandbox_file(team, "src/api/users.py"), "--commit")
+    assert done.returncode == 3 and "held by bob" in done.stdout, done.stderr
+    events = guard_events.recent(ws, 10)
+    assert [(e["kind"], e["agent_id"], e["paths"], e["holders"], e["via"]) for e in events] == \
+        [("commit refused", me, ["src/api/users.py"], ["bob"], "git commit")]
+    # a read-only token asks as nobody and is refused alike, but writes nothing, not even an event
+    reader = team.token("reader", "--read-only")
+    assert team.there(reader, "guard", "src/api/users.py", "--commit").returncode == 3
+    # without --commit (a person asking) nothing is recorded either
+    assert team.there(token, "guard", "src/api/users.py").returncode == 3
+    assert len(guard_events.recent(ws, 10)) == 1
+    assert team.sandbox_holds() <= SANDBOX_OWN, team.sandbox_holds()
+
+
+def test_a_sandbox_on_a_case_insensitive_file_system_is_refused_a_path_held_with_capitals(team, monkeypatch):
+    # the sandbox made each path project-relative with its own case folding (lower case on macOS or Windows),
+    # and the server on a file system that heeds case compared `src/api.py` with bob's `src/Api.py`: no overlap,
+    # the edit went through. Only case-kept paths travel; the server folds as its own file system does
+    from synapolis import project
+    from synapolis.harness import hooks
+    from synapolis.workspace import Workspace
+
+    ok(team.here("start", "--agent-id", "bob"))
+    ok(team.here("claim", "src/Api.py", "--agent-id", "bob"))
+    token = team.token("sandbox")
+    env = {"SYNAPOLIS_SERVER": team.url, "SYNAPOLIS_TOKEN": token, "SYNAPOLIS_STATE_DIR": str(team.sandbox_dir)}
+    sandbox = Workspace.open(team.sandbox_dir, env=env)
+    # this process plays a sandbox whose file system ignores case (project.ignores_case's answer, cached)
+    monkeypatch.setitem(project._ROOTS, sandbox.files.root, (str(team.sandbox_dir.parent), True))
+    held = sandbox_file(team, "src/Api.py")
+    event = {"session_id": "conv-ci", "hook_event_name": "PreToolUse", "tool_name": "Edit",
+             "tool_input": {"file_path": held}}
+    result = hooks.handle("claude-code", json.dumps(event), state_dir=str(team.sandbox_dir), env=env)
+    assert result["output"]["hookSpecificOutput"]["permissionDecision"] == "deny", result["problems"]
+    assert "claimed by bob" in result["output"]["hookSpecificOutput"]["permissionDecisionReason"]
+
+
+def test_a_server_from_before_guard_commit_still_guards_a_newer_sandbox(team):
+    # A server older than `guard --commit` through the server refuses a `commit` it does not know ("guard takes
+    # no commit", exit 2): the sandbox sends it only with --commit, and then asks again without it, so the
+    # refusal stands (unrecorded there) instead of the guard failing and git letting the commit through.
+    # The older server is the real one behind a proxy that answers `commit` as the older one did.
+    import urllib.request
+    from http.server import BaseHTTPRequestHandler
+
+    from conftest import LocalServer, respond
+
+    seen = []
+
+    class OlderServer(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers.get("content-length") or 0))
+            call = json.loads(body or b"{}")
+            seen.append(sorted((call.get("kwargs") or {}).keys()))
+            if "commit" in (call.get("kwargs") or {}):
+                error = {"type": "UsageError", "message": "guard takes no commit", "exit_code": 2}
+                return respond(self, 400, "application/json", json.dumps({"error": error}).encode())
+            ask = urllib.request.Request(team.url + self.path, data=body, method="POST",
+                                         headers={"authorization": self.headers["authorization"],
+                                                  "content-type": "application/json"})
+            try:
+                with urllib.request.urlopen(ask, timeout=30) as answer:
+                    respond(self, answer.status, "application/json", answer.read())
+            except urllib.error.HTTPError as refused:
+                respond(self, refused.code, "application/json", refused.read())
+
+        def log_message(self, *args):
+            pass
+
+    held_by_bob(team)
+    token = team.token("sandbox")
+    older = LocalServer(OlderServer)
+    try:
+        ok(team.there(token, "start", "--json", server=older.url))
+        plain = team.there(token, "guard", "src/api/users.py", server=older.url)
+        assert plain.returncode == 3 and "held by bob" in plain.stdout, plain.stderr
+        committed = team.there(token, "guard", "src/api/users.py", "--commit", server=older.url)
+        assert committed.returncode == 3 and "held by bob" in committed.stdout, committed.stderr
+    finally:
+        older.close()
+    assert ["commit"] not in seen[:2] and seen[-2:] == [["commit"], []], seen

@@ -197,6 +197,15 @@ class _Lines:
             raise AssertionError("no line before the deadline") from None
 
 
+def _interrupt(follower) -> None:
+    """Ctrl-C for a `read-signals --follow` process; killed if it has not ended within 10 s."""
+    follower.send_signal(signals_module.SIGINT)
+    try:
+        follower.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        follower.kill()
+
+
 def test_follow_streams_new_signals(ws, start_agent, db_rows):
     sid = start_agent("alice")["session_id"]
     start_agent("bob")
@@ -218,11 +227,7 @@ def test_follow_streams_new_signals(ws, start_agent, db_rows):
         # following is a pure query: nothing was marked delivered
         assert db_rows(sid, "SELECT * FROM signal_deliveries WHERE agent_id = 'bob'") == []
     finally:
-        follower.send_signal(signals_module.SIGINT)
-        try:
-            follower.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            follower.kill()
+        _interrupt(follower)
     assert follower.returncode == 0
     assert "Traceback" not in follower.stderr.read()
 
@@ -236,3 +241,23 @@ def test_concurrent_first_starts_share_one_session(ws):
         assert p.returncode == 0, err
         sessions.add(json.loads(out)["session_id"])
     assert len(sessions) == 1
+
+
+def test_follow_prints_every_unread_signal_when_the_first_page_is_cut_by_its_budget(ws, start_agent):
+    # four 40,000-character signals: read-signals' first page holds two (PAGE_BUDGET_CHARS); --follow used to
+    # start from the newest sequence after that page and never print the other two, unread as they are
+    sid = start_agent("alice")["session_id"]
+    start_agent("bob")
+    for i in range(4):
+        actions.signal(ws, Who("alice", sid), "bob", "x" * 40_000 + f" big {i}", env={})
+    follower = subprocess.Popen(synapolis_cmd(ws.root, "read-signals", "--follow", "--json", "--agent-id", "bob"),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
+    try:
+        lines = _Lines(follower.stdout)
+        got = [json.loads(lines.next(30))["content"][-5:] for _ in range(4)]
+        assert got == ["big 0", "big 1", "big 2", "big 3"]
+        actions.signal(ws, Who("alice", sid), "bob", "after", env={})
+        assert json.loads(lines.next(30))["content"] == "after"  # and then each new one, as before
+    finally:
+        _interrupt(follower)
+    assert "Traceback" not in follower.stderr.read()

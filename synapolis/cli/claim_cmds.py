@@ -109,7 +109,8 @@ def guard_cmd(ws, paths, staged, agent_id, session_id, run_token, for_commit, as
     from ..identity import Who
 
     wanted = list(paths) + (staged_paths() if staged else [])
-    data = actions.guard(ws, Who(agent_id, session_id, run_token), wanted)
+    # with --commit a refusal is recorded by the verb, so through the team server it lands on the server's record
+    data = actions.guard(ws, Who(agent_id, session_id, run_token), wanted, commit=for_commit)
 
     def text(d):
         if d["allowed"]:
@@ -124,8 +125,4 @@ def guard_cmd(ws, paths, staged, agent_id, session_id, run_token, for_commit, as
 
     emit(as_json, data, text)
     if not data["allowed"]:
-        if for_commit:
-            from ..guard_events import commit_refused
-
-            commit_refused(ws, data)
         raise SystemExit(3)

@@ -82,3 +82,12 @@ def bucket_tokens(row, moment: float, rate: float) -> float:
 def next_lamport(clock: int, replied: int | None = None) -> int:
     """A send's Lamport value: one past the sender's clock and, for a reply, past the signal it answers."""
     return (clock if replied is None else max(clock, replied)) + 1
+
+
+def follow_from(first: dict, limit: int | None) -> int:
+    """The sequence a follower goes on after, given its first page (read_signals' answer): the page's end when
+    the page was cut short by its size (PAGE_LIMIT or the character budget, never by the caller's own `limit`),
+    so the unread signals beyond it are printed next; else the newest it can see."""
+    shown = [s["sequence"] for s in first["signals"]]
+    cut = first.get("next_after") is not None and (limit is None or len(shown) < limit)
+    return first["next_after"] if cut else max(shown + [first.get("latest_sequence") or 0])

@@ -75,8 +75,13 @@ def run_call(state, principal, verb: str, payload) -> dict:
     args, kwargs = payload.get("args") or [], payload.get("kwargs") or {}
     if not isinstance(args, list) or not isinstance(kwargs, dict):
         raise UsageError("args must be a list and kwargs an object")
-    allowed = set(inspect.signature(fn).parameters) - _SERVER_ONLY - {"ws", "who"}
+    parameters = inspect.signature(fn).parameters
+    allowed = set(parameters) - _SERVER_ONLY - {"ws", "who"}
     unknown = sorted(set(kwargs) - allowed)
+    # nor by position: `args` fill the parameters after ws (and who), and a server-only one (escalation.ack's
+    # `now`) is no caller's either
+    positional = [n for n, p in parameters.items() if p.kind == p.POSITIONAL_OR_KEYWORD and n not in ("ws", "who")]
+    unknown += sorted(set(positional[:len(args)]) & _SERVER_ONLY)
     if unknown:
         raise UsageError(f"{verb} takes no {', '.join(unknown)}")
     ws = state.workspace()
@@ -99,6 +104,8 @@ def run_call(state, principal, verb: str, payload) -> dict:
                                                                              writes=verb not in READS)
             if verb == "signals_pending":
                 kwargs["method"] = "poll"
+            if verb == "guard" and principal.read_only:
+                kwargs.pop("commit", None)  # a read-only token is answered, but records no refused commit
             try:
                 result = fn(ws, who, *args, env={}, **kwargs)
             except TypeError as exc:  # the wrong number of arguments: the caller's mistake, said as such

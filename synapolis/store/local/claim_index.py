@@ -15,7 +15,11 @@ def index_path(ws) -> str:
     return os.path.join(ws.files.root, INDEX_FILE)
 
 
-_HELD_READS: dict | None = None  # inside one_reading(): {index path: what it read}
+# inside one_reading(), by thread: {thread id: {index path: what it read}}. By thread, because the team server
+# decides sandboxes' pre-tool events on worker threads at once (web/api_call.run_hook): one reading shared by
+# all was put back by whichever block left last, after the other had ended, and stayed for good (a path claimed
+# later was let through). `_thread` is loaded in every process already: no import on a hook's path
+_HELD_READS: dict[int, dict] = {}
 
 
 class one_reading:
@@ -23,16 +27,22 @@ class one_reading:
     reading (a hook asks file_candidates, then the guard asks again: one parse of a big index, not two).
     The answers are those of a guard that ran at the moment of that read; nothing is kept after the body.
     For pure queries only: a claim or release must not run inside (its overlap check must see the index as
-    it is under the path-claims lock; the writer's own update reads afresh regardless)."""
+    it is under the path-claims lock; the writer's own update reads afresh regardless). One thread's block
+    is its own: another thread's readers read afresh."""
 
     def __enter__(self):
-        global _HELD_READS
-        self.outer, _HELD_READS = _HELD_READS, ({} if _HELD_READS is None else _HELD_READS)
+        from _thread import get_ident
+
+        self.thread = get_ident()
+        self.outer = _HELD_READS.get(self.thread)
+        _HELD_READS[self.thread] = {} if self.outer is None else self.outer
         return self
 
     def __exit__(self, *exc):
-        global _HELD_READS
-        _HELD_READS = self.outer
+        if self.outer is None:
+            _HELD_READS.pop(self.thread, None)
+        else:
+            _HELD_READS[self.thread] = self.outer
         return False
 
 
@@ -40,8 +50,13 @@ def read_file_index(ws, fresh: bool = False) -> dict | None:
     """{item: prefix}, or None when there is no usable index (never written, removed, damaged). `fresh`: read
     the file even inside one_reading() (a writer changes what it read)."""
     path = index_path(ws)
-    if _HELD_READS is not None and path in _HELD_READS and not fresh:
-        found = _HELD_READS[path]
+    held = None
+    if _HELD_READS:
+        from _thread import get_ident
+
+        held = _HELD_READS.get(get_ident())
+    if held is not None and path in held and not fresh:
+        found = held[path]
         return None if found is None else dict(found)
     try:
         doc = read_json(path)
@@ -51,8 +66,8 @@ def read_file_index(ws, fresh: bool = False) -> dict | None:
         items = None
     else:
         items = doc["items"]
-    if _HELD_READS is not None:
-        _HELD_READS[path] = None if items is None else dict(items)
+    if held is not None:
+        held[path] = None if items is None else dict(items)
     return items
 
 
