@@ -151,8 +151,9 @@ def test_the_record_keeps_the_newest_200_newest_first(ws):
     assert [e["paths"][0] for e in kept[:2]] == ["src/f399.py", "src/f398.py"] and kept[-1]["paths"] == ["src/f200.py"]
     record = ws.paths.root / events_local.FILE
     if store_for(ws).kind == "sqlite":
-        assert record.stat().st_size <= events_local.TRIM_BYTES + 1024
-        assert len(record.read_text().splitlines()) < 400
+        longest = max(len(line.encode()) + 1 for line in record.read_text().splitlines())
+        assert record.stat().st_size <= max(events_local.TRIM_BYTES, 2 * guard_events.KEEP * longest) + longest
+        assert len(record.read_text().splitlines()) <= 2 * guard_events.KEEP
     else:
         assert not record.exists()
     shown = dashboard.collect(Workspace.open(ws.paths.root))["events"]
@@ -310,3 +311,20 @@ def test_the_page_lists_each_refusal_as_it_happens(served, cli, browser, receive
     # a phone: the events fit its width
     page.set_viewport_size({"width": 390, "height": 844})
     assert page.evaluate("document.documentElement.scrollWidth") <= 390
+
+
+@pytest.mark.sqlite_only  # on PostgreSQL the record is a table: nothing is rewritten
+def test_events_larger_than_the_trim_size_together_are_not_rewritten_on_every_refusal(ws):
+    """200 refusals of ~1 KB each pass the SQLite record's 128 KiB: the file is rewritten about once in 200
+    appends (it is replaced whole: a new inode), not on every one, and still answers the newest 200."""
+    from synapolis.store.local import events as events_local
+
+    record, inodes = ws.paths.root / events_local.FILE, set()
+    for n in range(600):
+        guard_events.tell(ws, guard_events.GUARD_DENIED, f"f{n}", {}, agent_id="bob",
+                          paths=[f"src/module_{n}_{k}.py" for k in range(20)], holders=["alice"] * 20, via="test",
+                          line=f"refusal {n} " + "y" * 300)
+        inodes.add(os.stat(record).st_ino)
+    assert len(inodes) <= 6, f"{len(inodes)} files for 600 appends"
+    kept = guard_events.recent(ws, 1000)
+    assert len(kept) == 200 and kept[0]["line"].startswith("refusal 599 ") and kept[-1]["line"].startswith("refusal 400 ")

@@ -7,8 +7,10 @@ import os
 
 FILE = "guard-events.jsonl"
 LOCK = "guard-events"
-# an event is appended (a hook pays one short write, not a rewrite of the record); past this size the file is
-# rewritten with the newest `keep` only, so it never holds more than ~TRIM_BYTES and readers take the newest
+# an event is appended (a hook pays one short write, not a rewrite of the record); past this size, or past twice
+# what `keep` events the size of this one take, the file is rewritten with the newest `keep` only (readers take the
+# newest anyway). The second bound keeps rewrites to about one in `keep` appends when 200 events pass TRIM_BYTES
+# (a patch naming many files): with TRIM_BYTES alone, nearly every append of such events rewrote the whole file
 TRIM_BYTES = 128 * 1024
 # appending (read too: the last byte is looked at), never through a planted link, never waiting on a FIFO
 # (open_regular then refuses anything but a regular file)
@@ -36,7 +38,7 @@ def record(ws, event: dict, keep: int) -> None:
             size += len(line)
         finally:
             os.close(fd)
-        if size > TRIM_BYTES:
+        if size > max(TRIM_BYTES, 2 * keep * len(line)):
             _trim(path, keep)
 
 
