@@ -71,7 +71,7 @@ def blocking(ws, caller: str | None, rel_paths: list[str], now: datetime) -> dic
     found = holders_of(ws, rel_paths, now)
     if not found:
         return {}
-    from .claims import holder_status  # only a path somebody holds asks who that is
+    from .claim_ops import holder_status  # only a path somebody holds asks who that is (not the claims facade)
     from .status import CLAIMABLE_FROM
 
     statuses: dict[str, str] = {}
