@@ -11,9 +11,9 @@ scaling curves behind them:
    "first" is a broadcast with nothing kept, as a process's one `synapolis signal '*'` makes it.
 3. `run_monitor` over 50,000 heartbeat files against json-loading them (<= 2.0x); curve over 1k / 10k / 50k.
 4. `signals.send` in-process against a raw insert into the same table (<= 2.5x): a bare connection's
-   BEGIN IMMEDIATE, INSERT, COMMIT on the same session.db (PostgreSQL: BEGIN, INSERT, COMMIT into a table
-   shaped like `signals`). SQLite's floor: the send's own statements issued on that bare connection with fixed
-   inputs (no checks, no id, no audience judged).
+   BEGIN IMMEDIATE, INSERT, COMMIT on the same session.db (PostgreSQL: BEGIN, INSERT, COMMIT into `signals`,
+   the session's rows of the shared table), each row's id spread as a SHA-256's is. SQLite's floor: the send's
+   own statements issued on that bare connection with fixed inputs (no checks, no id, no audience judged).
 
 The two sides of each comparison alternate in chunks; medians. `--load` runs two `python -c 'while 1: pass'`
 processes for the whole run (the loaded column); `--pg` adds the PostgreSQL store's rows
@@ -255,13 +255,9 @@ def send_pair(tmp: Path, admin: str | None, runs: int) -> dict:
         import psycopg
 
         raw = psycopg.connect(url)
-        raw.execute("CREATE TABLE raw_signals (session_id TEXT, id TEXT, sequence BIGINT GENERATED ALWAYS AS "
-                    "IDENTITY PRIMARY KEY, timestamp TEXT, sender TEXT, recipient TEXT, type TEXT, content TEXT, "
-                    "lamport BIGINT, reply_to TEXT, UNIQUE (session_id, id))")
-        raw.commit()
 
-        def raw_insert(i):
-            raw.execute("INSERT INTO raw_signals (session_id, id, timestamp, sender, recipient, type, content, "
+        def raw_insert(i):  # into `signals` itself, with its indexes, as on SQLite (the same table)
+            raw.execute("INSERT INTO signals (session_id, id, timestamp, sender, recipient, type, content, "
                         "lamport) VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
                         (sid, signal_like_id(i), ts(utcnow()), "sender", "sink", "inform", f"raw {i}", i))
             raw.commit()

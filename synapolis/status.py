@@ -245,8 +245,10 @@ def registry_window(now: datetime, config) -> tuple[str, str]:
     stale, skew = float(config.stale_after_s), float(config.clock_skew_s)
     whole = now.tzinfo is UTC and stale.is_integer() and skew.is_integer()
     if whole:
-        # both edges carry `now`'s microseconds: within one second (a busy server's sends), only those change
-        second, kept = now.replace(microsecond=0), _last_window
+        # both edges carry `now`'s microseconds: within one second (a busy server's sends), only those change.
+        # The second by the epoch (a float that holds the microseconds exactly enough to floor), not by
+        # datetime.replace, which costs half the window
+        second, kept = now.timestamp() // 1, _last_window  # (floored: before 1970 too)
         if kept[0] == second and kept[1] == stale and kept[2] == skew:
             tail = ".%06dZ" % now.microsecond
             return kept[3] + tail, kept[4] + tail

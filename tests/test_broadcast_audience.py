@@ -120,9 +120,10 @@ def test_the_live_window_of_a_moment_is_its_own_within_a_second_and_across():
     from synapolis.timeutil import micro_stamp
 
     rng = random.Random(7)
-    for stale, skew in ((300, 30), (300.5, 30), (90, 0), (10, 10 ** 12)):
+    for stale, skew, start in ((300, 30, NOW), (300.5, 30, NOW), (90, 0, NOW), (10, 10 ** 12, NOW),
+                               (300, 30, NOW.replace(year=1969, month=12, day=31, hour=23, minute=59))):
         config = SimpleNamespace(stale_after_s=stale, clock_skew_s=skew)
-        moment = NOW
+        moment = start  # (the last: seconds before the epoch and across it)
         for _ in range(300):
             moment += timedelta(microseconds=rng.choice([1, 999, 250_000, 1_000_000, 3_600_000_000]))
             cutoff = micro_stamp(moment - timedelta(seconds=stale))

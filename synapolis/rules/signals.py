@@ -45,18 +45,30 @@ def recipient_chain(recipient: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
 
 
+_WINDOW_RULES: tuple = ()  # (LIVE_REGISTRY_STATUSES, registry_window), from status when a send first needs them
+
+
+def _window_rules() -> tuple:
+    """status's liveness rule, imported where a send first judges an audience (the other hot verbs never do)
+    and kept, so later sends skip the import statement."""
+    global _WINDOW_RULES
+    from ..status import LIVE_REGISTRY_STATUSES, registry_window
+
+    _WINDOW_RULES = (LIVE_REGISTRY_STATUSES, registry_window)
+    return _WINDOW_RULES
+
+
 def audience(rows, now: datetime, config) -> dict:
     """Which recipients are live and which the signal waits for (stale, asleep, stopped). `rows`: registry rows
     (by name: `id`, `status`, `last_heartbeat`), or plain (id, status, last_heartbeat) tuples."""
-    from ..status import LIVE_REGISTRY_STATUSES, registry_window  # a send's alone among the hot verbs
-
+    live_states, registry_window = _WINDOW_RULES or _window_rules()
     # status.registry_live, written out once for every row: a broadcast judges each registered agent
     cutoff, ceiling = registry_window(now, config)
     live, waiting, status = [], [], {}
     if rows and not isinstance(rows[0], tuple):  # registry rows by name; (id, status, last_heartbeat) as they are
         rows = [(r["id"], r["status"], r["last_heartbeat"]) for r in rows]
     for agent_id, state, beat in rows:
-        if state in LIVE_REGISTRY_STATUSES:
+        if state in live_states:
             if beat and cutoff <= beat <= ceiling:
                 live.append(agent_id)
                 continue
