@@ -218,10 +218,16 @@ class Config:
 
     # the keys every send reads, as properties: a name __getattr__ answers is found only after the normal lookup
     # failed (an exception raised and caught inside Python, four times a send)
-    stale_after_s = property(lambda self: self.values["stale_after_s"])
-    clock_skew_s = property(lambda self: self.values["clock_skew_s"])
-    rate_limit_per_min = property(lambda self: self.values["rate_limit_per_min"])
-    max_content_bytes = property(lambda self: self.values["max_content_bytes"])
+    stale_after_s = property(lambda self: self._value("stale_after_s"))
+    clock_skew_s = property(lambda self: self._value("clock_skew_s"))
+    rate_limit_per_min = property(lambda self: self._value("rate_limit_per_min"))
+    max_content_bytes = property(lambda self: self._value("max_content_bytes"))
+
+    def _value(self, name):
+        try:
+            return self.values[name]
+        except KeyError:  # as __getattr__ answers a missing key
+            raise AttributeError(name) from None
 
     @property
     def notify_cmd(self) -> list[str] | None:

@@ -75,8 +75,22 @@ def tell(ws, event_type: str, subject: str, data: dict, *, agent_id, paths, hold
 
 
 def recent(ws, limit: int) -> list[dict]:
-    """The newest `limit` events of the store (at most KEEP), newest first."""
-    return ws.store.recent_events(min(limit, KEEP))
+    """The newest `limit` events of the store (at most KEEP), newest first, each in the record's shape: a line
+    edited by hand or written by something else (a list, a number for a type, a text for its paths) is left out,
+    so the page that draws them never meets one it cannot draw."""
+    return [e for e in ws.store.recent_events(min(limit, KEEP)) if _well_formed(e)]
+
+
+def _well_formed(event) -> bool:
+    if not isinstance(event, dict):
+        return False
+    if not all(isinstance(event.get(key), str) for key in ("id", "at", "type", "kind")):
+        return False
+    if not all(isinstance(event.get(key), list) and all(isinstance(v, str) for v in event[key])
+               for key in ("paths", "holders")):
+        return False
+    return all(event.get(key) is None or isinstance(event[key], str) for key in ("agent_id", "via", "line")) \
+        and isinstance(event.get("more_paths", 0), int)
 
 
 # -- the three kinds ------------------------------------------------------------------------------------

@@ -192,6 +192,25 @@ def test_a_record_that_cannot_be_written_never_costs_the_refusal(ws, receiver):
     assert outside.read_text() == "mine\n"
 
 
+@pytest.mark.sqlite_only
+def test_lines_not_in_the_record_shape_never_reach_the_page(ws):
+    """Lines edited by hand or written by something else (a list, a number for a type, a text for the paths, a
+    missing id) are left out of what the dashboard draws; the well-formed events around them are kept, in order."""
+    project = ws.paths.root.parent
+    alice_holds(ws)
+    hook_denies(ws.paths.root, project, "src/api/first.py")
+    record = ws.paths.root / "guard-events.jsonl"
+    good = json.loads(record.read_text().splitlines()[0])
+    with record.open("a") as out:
+        for bad in ([1, 2], {**good, "type": 5}, {**good, "paths": "src/api/x.py"}, {**good, "holders": [None]},
+                    {k: v for k, v in good.items() if k != "id"}, {**good, "more_paths": "many"}, "text"):
+            out.write(json.dumps(bad) + "\n")
+    hook_denies(ws.paths.root, project, "src/api/second.py")
+    assert [e["paths"] for e in guard_events.recent(ws, 50)] == [["src/api/second.py"], ["src/api/first.py"]]
+    shown = dashboard.collect(Workspace.open(ws.paths.root))["events"]
+    assert [e["paths"] for e in shown] == [["src/api/second.py"], ["src/api/first.py"]]
+
+
 # -- PostgreSQL: a denial on one machine, the team server on another ---------------------------------------
 
 @pytest.mark.postgres

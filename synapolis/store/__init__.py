@@ -13,7 +13,6 @@ from datetime import datetime, timezone
 from ..config import POSTGRES_SCHEMES, STORE_RULE, is_store_url, store_url_problem
 from ..errors import UsageError
 
-
 # name -> (the submodule that holds it, its name there), for __getattr__
 _LAZY = {"SCHEMA_VERSION": ("local", "SCHEMA_VERSION"), "SessionStore": ("local", "SessionStore"),
          "SqliteStore": ("local", "SqliteStore"), "Store": ("base", "Store"), "Transaction": ("base", "Transaction"),
