@@ -41,6 +41,8 @@ def fit(signals: list, limit: int | None, budget_chars: int | None, at_least_one
 def recipient_chain(recipient: str) -> list[str]:
     """The registered ids a directed signal may reach: the recipient and each agent it is a sub-agent of
     ("a.b.c": a, a.b, a.b.c)."""
+    if "." not in recipient:  # most signals: an agent itself, no chain to build
+        return [recipient]
     parts = recipient.split(".")
     return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
 
