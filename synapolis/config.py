@@ -211,10 +211,7 @@ class Config:
     def __getattr__(self, name):
         if name == "values":  # not set yet (copy, unpickling): no recursion through self.values
             raise AttributeError(name)
-        try:
-            return self.values[name]
-        except KeyError:
-            raise AttributeError(name) from None
+        return self._value(name)
 
     # the keys every send reads, as properties: a name __getattr__ answers is found only after the normal lookup
     # failed (an exception raised and caught inside Python, four times a send)
@@ -226,7 +223,7 @@ class Config:
     def _value(self, name):
         try:
             return self.values[name]
-        except KeyError:  # as __getattr__ answers a missing key
+        except KeyError:  # a missing key is a missing attribute (getattr's default applies)
             raise AttributeError(name) from None
 
     @property

@@ -262,7 +262,6 @@ def registry_window(now: datetime, config) -> tuple[str, str]:
     return cutoff, ceiling
 
 
-_micro_stamp = micro_stamp  # its name here before timeutil had it
 
 
 def registry_freshness(now: datetime, config):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..base import judged_audience
+
 # A broadcast's audience (signals.audience's answer) from agents_by_liveness: the live ids as one string built
 # inside SQLite from the index ranges of the live statuses within the window (no row object per recipient; one
 # sort of the ids), then the waiting ones, usually few, from the ranges around them. The statuses are the
@@ -49,13 +51,10 @@ class AudienceCache:
             self._read(cursor, window)
             self.version, self.changes = version, changes
         live = self.live[:]
-        waiting = self.waiting
         # the sender's chain (a few ids) out of the list by their places, not by a pass over it: the last first
         for at in sorted((self.live_at[a] for a in chain if a in self.live_at), reverse=True):
             del live[at]
-        if any(agent_id in waiting for agent_id in chain):
-            waiting = {agent_id: state for agent_id, state in waiting.items() if agent_id not in chain}
-        return {"live": live, "waiting": list(waiting), "waiting_status": dict(waiting)}
+        return judged_audience(live, [pair for pair in self.waiting if pair[0] not in chain])
 
     def sent(self, before: int, after: int) -> None:
         """A send wrote its rows (the signal, the caller's clock and token: none moves the audience), taking the
@@ -68,17 +67,10 @@ class AudienceCache:
         text, leaves = cursor.execute(_LIVE_IDS, (cutoff, ceiling)).fetchone()
         self.live = sorted(text.split("\n")) if text else []
         self.live_at = {agent_id: at for at, agent_id in enumerate(self.live)}
-        enters = None
-        waiting = {}
-        for agent_id, state, beat in sorted(cursor.execute(_WAITING_ROWS, (cutoff, ceiling)).fetchall()):
-            if state in ("active", "idle"):
-                if beat and beat > ceiling and (enters is None or beat < enters):
-                    enters = beat  # stamped ahead: live once the ceiling reaches it
-                state = "stale"
-            waiting[agent_id] = state
-        self.window, self.leaves, self.enters, self.waiting = window, leaves, enters, waiting
+        rows = sorted(cursor.execute(_WAITING_ROWS, (cutoff, ceiling)).fetchall())
+        # stamped ahead: live once the ceiling reaches the earliest of them
+        enters = min((beat for _id, state, beat in rows if state in ("active", "idle") and beat and beat > ceiling),
+                     default=None)
+        self.window, self.leaves, self.enters = window, leaves, enters
+        self.waiting = [(agent_id, state) for agent_id, state, _beat in rows]
 
-
-def broadcast_audience(cursor, chain: list, window: tuple) -> dict:
-    """{live, waiting, waiting_status} of a broadcast from `chain`, read afresh (AudienceCache.audience)."""
-    return AudienceCache().audience(cursor, chain, window)

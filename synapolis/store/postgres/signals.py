@@ -136,12 +136,8 @@ class PostgresSignalTransaction(base.Transaction):
         if out.get("sequence") is not None and self._horizon is not None:
             self._horizon = max(self._horizon, int(out["sequence"]))  # our own insert is ours to see
         if out.get("waiting") is not None:  # judged by the function: signals.audience's answer
-            waiting = out["waiting"]
-            waiting.sort()
-            out["audience"] = {"live": sorted(out["live"].split("\n")) if out["live"] else [],
-                               "waiting": [agent_id for agent_id, _state in waiting],
-                               "waiting_status": {agent_id: "stale" if state in ("active", "idle") else state
-                                                  for agent_id, state in waiting}}
+            out["audience"] = base.judged_audience(sorted(out["live"].split("\n")) if out["live"] else [],
+                                                   sorted(map(tuple, out["waiting"])))
         return out
 
     def recent_signals(self, limit):
