@@ -88,21 +88,23 @@ def composed_sends():
 PLACEMENTS = ("free", "one", "split")  # as the scheduler places them; all on one CPU; client and server apart
 
 
-def place(conn, placement: str) -> set | None:
+def place(conn, placement: str, every_database: bool = False) -> set | None:
     """Pin this process and every server backend of its database: `one`, all on one CPU; `split`, this process
     on one CPU and the backends on the other (two machines' placement: the two ends share no CPU and no
     cache). None when the server's processes are not ours to pin (another user's, another machine's) or this
     machine has one CPU. Unpinned, a round trip's cost on this VM depends on where the scheduler put the two
     ends: the same `SELECT 1` transaction takes about 45 us on one connection and 250 us on the next, at
     random (a wake-up of the other, idle CPU), which decides a ratio between two connections more than either
-    side's work; pinned either way, every connection pays the same."""
+    side's work; pinned either way, every connection pays the same. `every_database`: the backends of every
+    database on the server, not only `conn`'s (a run over several fresh databases)."""
     kept = os.sched_getaffinity(0)
     client = {min(kept)}
     backends = client if placement == "one" else {max(kept)}
     if backends == client and placement == "split":
         return None
     pids = [row[0] for row in conn.execute(
-        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND backend_type = 'client backend'")]
+        "SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend' AND (%s OR datname = "
+        "current_database())", (every_database,))]
     try:
         for pid in pids:
             os.sched_setaffinity(pid, backends)
@@ -154,7 +156,7 @@ def bench_sends(tmp: Path, url: str, count: int, chunk: int = 20, placement: str
     def fixed_send(n, kind):
         return (sid, f"{n:064x}", "2030-01-01T00:00:00.000000Z", "sender", "sink", "inform", f"{kind} {n}", "sender",
                 _text_array(["sink"]), float(10 ** 6), time.time(), _key(sid, "signals"), NOTIFY_CHANNEL, None, None,
-                None, None)
+                None, None, None)
 
     def timed(kind, send_one, size=chunk):  # `size` sends of one kind, each numbered anew, as one rate
         nonlocal n

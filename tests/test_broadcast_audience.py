@@ -14,6 +14,7 @@ from conftest import NOW, clean_env, synapolis_cmd
 from synapolis import signals
 from synapolis.sessions import ts
 from synapolis.store import open_session
+from synapolis.timeutil import parse_ts
 from synapolis.workspace import Workspace
 
 STATUSES = ("active", "idle", "sleeping", "stale")
@@ -44,29 +45,50 @@ def crowd(ws, start_agent):
 
 
 def test_the_kept_audience_matches_a_fresh_read_through_every_change(ws, crowd, monkeypatch):
-    """400 random steps, each followed by a broadcast from a long-lived store compared with the rule over the
-    registry's rows: registry changes committed by another connection, rows this connection changes itself, a
+    """600 random steps, each followed by a broadcast from a long-lived store compared with the rule over the
+    registry's rows: registry changes committed by another connection, heartbeats it moves a little (over the
+    window's edges, by less and by more than PostgreSQL's epoch jump), rows this connection changes itself, a
     registration rolled back after a broadcast saw it, and `now` moving by seconds, past the stale window,
     or back."""
     sid, names = crowd
     rng = random.Random(31)
     stale, skew = float(ws.config.stale_after_s), float(ws.config.clock_skew_s)
     kept, other = open_session(ws, sid), open_session(Workspace.open(ws.paths.root), sid)
-    now, hits, reads = NOW, 0, []
-    if ws.store.kind == "sqlite":  # count the registry reads: a quiet step must answer from what was kept
+    now, hits, reads, touched = NOW, 0, [], names[1]
+    # count the registry reads: a quiet step answers from what was kept (on PostgreSQL, when the window allows)
+    if ws.store.kind == "sqlite":
         from synapolis.store.local.audience import AudienceCache
 
         real = AudienceCache._read
         monkeypatch.setattr(AudienceCache, "_read", lambda self, *a: reads.append(1) or real(self, *a))
+    else:
+        from synapolis.store.postgres.audience import PostgresAudience
+
+        made = PostgresAudience.__init__
+        monkeypatch.setattr(PostgresAudience, "__init__", lambda self, *a: reads.append(1) or made(self, *a))
+    # heartbeats on and around the window's edges, and forward or back by more and by less than the audience
+    # epoch's jump (PostgreSQL: a move by less draws no epoch)
+    jump = 60.0
+    offsets = [-stale - 5, -stale - 1, -stale, -stale + 1, -stale / 2, -jump, -jump / 2, 0.0, jump / 2, skew - 1,
+               skew, skew + 1, skew + 30]
     try:
-        for step in range(400):
-            kind = rng.choice(["other", "other", "own", "rollback", "time", "time", "none"])
-            agent = rng.choice(names)
+        for step in range(600):
+            kind = rng.choice(["other", "other", "own", "beat", "beat", "beat", "rollback", "time", "time", "none",
+                               "none"])
+            # a beat moves the agent another connection changed last, half the time: its way over an edge
+            agent = touched if kind == "beat" and rng.random() < 0.5 else rng.choice(names)
             status = rng.choice(STATUSES)
-            stamp = ts(now + timedelta(seconds=rng.choice([-stale - 5, -stale, -stale / 2, 0.0, skew, skew + 30])))
+            stamp = ts(now + timedelta(seconds=rng.choice(offsets)))
             if kind == "other":  # another connection commits (as another process would)
+                touched = agent
                 with other.write() as tx:
                     tx.refresh_agent(agent, stamp, status)
+            elif kind == "beat":  # another connection moves a heartbeat a little, its status as it is
+                with other.write() as tx:
+                    row = tx.agent(agent)
+                    if row["last_heartbeat"] is not None:
+                        moved = parse_ts(row["last_heartbeat"]) + timedelta(seconds=rng.choice([-1, 1, 2, 30, 59, 61]))
+                        tx.refresh_agent(agent, ts(moved), row["status"])
             elif kind == "own":  # this connection changes a row itself
                 with kept.write() as tx:
                     tx.refresh_agent(agent, stamp, status)
@@ -78,18 +100,18 @@ def test_the_kept_audience_matches_a_fresh_read_through_every_change(ws, crowd, 
                     assert f"ghost{step}" in heard["live"]
                     raise RuntimeError("rolled back")
             elif kind == "time":
-                now += timedelta(seconds=rng.choice([1.0, stale / 3, stale + 1, -stale / 2]))
+                now += timedelta(seconds=rng.choice([1.0, jump / 2, jump + 1, stale / 3, stale + 1, -stale / 2]))
             sender = rng.choice(["a00", "a03.x.y", "b.c", "a07"])
             before = len(reads)
             got = broadcast(kept, ws, sender, now)
             assert got == expected(kept, ws, sender, now), f"step {step} ({kind})"
-            if kind == "none":
-                hits += 1
+            if kind == "none" and ws.store.kind == "sqlite":
                 assert len(reads) == before, f"step {step}: read again with nothing changed"
+            hits += kind != "rollback" and len(reads) == before
     finally:
         kept.close()
         other.close()
-    assert hits > 20  # the quiet steps happened (each one answered from what was kept, and matched)
+    assert hits > 40  # steps answered from what was kept happened (and matched)
 
 
 def test_an_agent_another_process_starts_is_in_the_next_broadcast(ws, crowd):
@@ -135,8 +157,10 @@ def test_the_live_window_of_a_moment_is_its_own_within_a_second_and_across():
 
 
 def test_a_postgresql_database_of_schema_11_judges_broadcasts_in_the_send_after_the_upgrade(tmp_path, pg_url):
-    """Schema 12 adds agents_by_liveness and synapolis_send's two window parameters (the 15-parameter function
-    of a database made before stays, for machines not yet upgraded); a broadcast then answers the rule's audience."""
+    """Schema 12 adds agents_by_liveness and synapolis_send's two window parameters, 13 the audience epoch (its
+    table, sequence and triggers) and the epoch parameter (the older functions of a database made before stay,
+    for machines not yet upgraded); a broadcast then answers the rule's audience, and a registration draws a
+    new epoch."""
     import psycopg
 
     from conftest import use_store
@@ -146,23 +170,70 @@ def test_a_postgresql_database_of_schema_11_judges_broadcasts_in_the_send_after_
     from synapolis import actions
 
     ws = use_store(tmp_path / "state", pg_url)
-    sid = actions.start(ws, agent_id="alice", env={}, now=NOW)["session_id"]  # the schema made, at 12
+    sid = actions.start(ws, agent_id="alice", env={}, now=NOW)["session_id"]  # the schema made, at 13
     close_all()
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("DROP INDEX agents_by_liveness")
         conn.execute("DROP FUNCTION synapolis_send(TEXT, TEXT, TEXT, TEXT, TEXT, TEXT, TEXT, TEXT, TEXT[], "
-                     "DOUBLE PRECISION, DOUBLE PRECISION, TEXT, TEXT, BIGINT, TEXT, TEXT, TEXT)")
+                     "DOUBLE PRECISION, DOUBLE PRECISION, TEXT, TEXT, BIGINT, TEXT, TEXT, TEXT, BIGINT)")
+        conn.execute("DROP TRIGGER agents_audience_joined ON agents")
+        conn.execute("DROP TRIGGER agents_audience_moved ON agents")
+        conn.execute("DROP TABLE audience_epochs")
         conn.execute("UPDATE synapolis_schema SET version = 11")
     ws = Workspace.open(ws.paths.root)
-    for name in ("bob", "carol"):
-        actions.start(ws, agent_id=name, session_id=sid, env={}, now=NOW)
+    actions.start(ws, agent_id="bob", session_id=sid, env={}, now=NOW)
+    with psycopg.connect(pg_url) as conn:
+        epoch = conn.execute("SELECT epoch FROM audience_epochs WHERE session_id = %s", (sid,)).fetchone()[0]
+    actions.start(ws, agent_id="carol", session_id=sid, env={}, now=NOW)
     with open_session(ws, sid) as store:
         with store.write() as tx:
             tx.refresh_agent("carol", ts(NOW), "sleeping")
         assert broadcast(store, ws, "alice", NOW) == {"live": ["bob"], "waiting": ["carol"],
                                                       "waiting_status": {"carol": "sleeping"}}
     with psycopg.connect(pg_url) as conn:
-        assert conn.execute("SELECT version FROM synapolis_schema").fetchone()[0] == SCHEMA_VERSION == 12
+        assert conn.execute("SELECT version FROM synapolis_schema").fetchone()[0] == SCHEMA_VERSION == 13
         assert conn.execute("SELECT 1 FROM pg_indexes WHERE indexname = 'agents_by_liveness'").fetchone()
         arities = [row[0] for row in conn.execute("SELECT pronargs FROM pg_proc WHERE proname = 'synapolis_send'")]
-        assert 17 in arities
+        assert 18 in arities
+        later = conn.execute("SELECT epoch FROM audience_epochs WHERE session_id = %s", (sid,)).fetchone()[0]
+        assert later > epoch  # carol's registration and status each drew one
+
+
+def test_only_changes_that_can_move_an_audience_draw_a_postgresql_epoch(tmp_path, pg_url):
+    """Schema 13's triggers, seen in the database's own rows: a registration, a status and a heartbeat moved by
+    AUDIENCE_JUMP_S or back each draw a new epoch, at the commit; a send (the caller's clock) and a heartbeat
+    moved forward by less draw none; a rolled-back registration leaves the epoch as it was."""
+    import psycopg
+
+    from conftest import use_store
+    from synapolis import actions
+    from synapolis.store.postgres.schema import AUDIENCE_JUMP_S
+
+    ws = use_store(tmp_path / "state", pg_url)
+    sid = actions.start(ws, agent_id="alice", env={}, now=NOW)["session_id"]
+    actions.start(ws, agent_id="bob", session_id=sid, env={}, now=NOW)
+
+    def epoch():
+        with psycopg.connect(pg_url) as conn:
+            return conn.execute("SELECT epoch FROM audience_epochs WHERE session_id = %s", (sid,)).fetchone()[0]
+
+    def beat(seconds, status="active"):
+        with open_session(ws, sid) as store, store.write() as tx:
+            tx.refresh_agent("bob", ts(NOW + timedelta(seconds=seconds)), status)
+
+    drawn = [epoch()]
+    beat(AUDIENCE_JUMP_S - 1)  # forward by less: nothing
+    with open_session(ws, sid) as store:
+        broadcast(store, ws, "alice", NOW)  # the caller's clock moves: nothing
+    assert epoch() == drawn[-1]
+    for seconds, status in ((2 * AUDIENCE_JUMP_S - 1, "active"), (AUDIENCE_JUMP_S, "active"),
+                            (AUDIENCE_JUMP_S, "sleeping")):  # forward by the jump, back, a status
+        beat(seconds, status)
+        drawn.append(epoch())
+        assert drawn[-1] > drawn[-2]
+    with pytest.raises(RuntimeError), open_session(ws, sid) as store, store.write() as tx:
+        tx.register_agent("ghost", harness="test", substrate="", stamp=ts(NOW), run_token="t")
+        raise RuntimeError("rolled back")
+    assert epoch() == drawn[-1]
+    actions.start(ws, agent_id="carol", session_id=sid, env={}, now=NOW)
+    assert epoch() > drawn[-1]

@@ -265,6 +265,10 @@ class SessionStore(abc.ABC):
     def close(self) -> None:
         """Give the connection back; the store is not used after this."""
 
+    def forget_audience(self) -> None:
+        """Drop a broadcast's audience kept between broadcasts (store/audience.py), as a new process has none: the
+        next broadcast reads the registry again. A store that keeps none has nothing to drop."""
+
     def __enter__(self):
         return self
 

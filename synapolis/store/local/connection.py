@@ -168,6 +168,9 @@ class SessionStore(base.SessionStore):
         """A read transaction: one consistent snapshot for every query in the body."""
         return _InTransaction(self, writes=False)
 
+    def forget_audience(self) -> None:
+        self._audiences.forget()
+
     def close(self) -> None:
         try:
             if self._wrote:

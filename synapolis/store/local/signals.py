@@ -8,6 +8,7 @@ import sqlite3
 from ...atomic import bump_counter, read_counter
 from ...errors import InternalError
 from .. import base
+from ..audience import sender_chain
 from .audience import AudienceCache
 
 _INSERT_SIGNAL = ("INSERT INTO signals (id, timestamp, sender, recipient, type, content, lamport, reply_to, "
@@ -107,9 +108,7 @@ class SqliteSignalTransaction(base.Transaction):
         cursor = conn.cursor()
         cursor.row_factory = None
         if candidates is None:
-            # a broadcast reaches everyone but the sender and the agents it is a sub-agent of: its own chain of ids
-            parts = signal["sender"].split(".")
-            chain = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+            chain = sender_chain(signal["sender"])  # a broadcast reaches everyone but these
             if window is not None:
                 heard = (audiences or AudienceCache()).audience(cursor, chain, window)
                 unchanged = conn.total_changes

@@ -26,13 +26,14 @@ POOL_MAX = 8  # connections of a long-lived process's pool
 CLOCK_ANCHOR_S = 30.0  # how long `now()` runs on the monotonic clock before reading the server's again
 INSTALL_HINT = 'pip install "synapolis[postgres]"'
 
-# candidates, rate, moment, insert lock key, NOTIFY channel, reserved sequence, idempotency key
-# and the live window's two edges (a broadcast's audience judged in the function; schema version 12)
+# candidates, rate, moment, insert lock key, NOTIFY channel, reserved sequence, idempotency key,
+# the live window's two edges (a broadcast's audience judged in the function; schema version 12) and the audience
+# epoch the caller holds (version 13, store/postgres/audience.py)
 SEND_CALL = ("SELECT synapolis_send(%s, %s, %s, %s, %s, %s, %s, %s, %s::text[], %s::float8, %s::float8, %s, %s, "
-             "%s::int8, %s::text, %s::text, %s::text) AS out")
-# the same as the statement each connection prepares at its second send (`_execute_send`), parameters $1 to $17
+             "%s::int8, %s::text, %s::text, %s::text, %s::int8) AS out")
+# the same as the statement each connection prepares at its second send (`_execute_send`), parameters $1 to $18
 SEND_STATEMENT_NAME = b"synapolis_send"
-SEND_STATEMENT = (SEND_CALL % tuple(f"${i}" for i in range(1, 18))).encode()
+SEND_STATEMENT = (SEND_CALL % tuple(f"${i}" for i in range(1, 19))).encode()
 _LOCK = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
 _TRY_LOCK = "SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0)) AS got"
 

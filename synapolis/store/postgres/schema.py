@@ -6,9 +6,17 @@ from .events import EVENTS_SCHEMA
 
 # each version's script is idempotent: an upgrade runs the whole of it again (9: path claims' index and waits, or
 # idempotency keys, on two branches; 10: both, so a database either branch left at 9 is upgraded too)
-SCHEMA_VERSION = 12  # 11: guard_events (store/postgres/events.py); 12: synapolis_send judges a broadcast
+SCHEMA_VERSION = 13  # 11: guard_events (store/postgres/events.py); 12: synapolis_send judges a broadcast; 13: the
+# audience epoch (store/postgres/audience.py)
+AUDIENCE_JUMP_S = 60  # a heartbeat this far forward or more draws a new audience epoch (store/postgres/audience.py)
 
 _C = 'TEXT COLLATE "C"'  # ids and timestamps compare byte-wise, as on SQLite, whatever the database's locale
+# the update of an agents row that can move a broadcast's audience whatever the window (version 13, below)
+_MOVES = ("OLD.status IS DISTINCT FROM NEW.status OR OLD.session_id IS DISTINCT FROM NEW.session_id "
+          "OR OLD.id IS DISTINCT FROM NEW.id OR (OLD.last_heartbeat IS DISTINCT FROM NEW.last_heartbeat "
+          "AND (OLD.last_heartbeat IS NULL OR NEW.last_heartbeat IS NULL OR NEW.last_heartbeat < OLD.last_heartbeat "
+          "OR NEW.last_heartbeat::timestamptz >= OLD.last_heartbeat::timestamptz "
+          f"+ interval '{AUDIENCE_JUMP_S} seconds'))")
 
 # EP-0118 §3's five tables with their names, columns and CHECKs, each with a `session_id` and keys that
 # include it (the additions §12 allows), then our additions. Timestamps are the same fixed-width RFC 3339
@@ -215,42 +223,105 @@ CREATE TABLE IF NOT EXISTS escalation_events
 -- insert under the session's insert lock (sequence order is commit order), the caller's clock and NOTIFY.
 -- Version 8 adds p_reserved (below), version 9 p_key (the idempotency key, stored with the signal; a second one
 -- of the sender is a unique violation of signals_by_key), version 12 the live window's two edges (p_cutoff,
--- p_ceiling: a broadcast's audience judged here, from agents_by_liveness; issue 31). The older functions stay in
--- the databases that have them, for machines not yet upgraded.
+-- p_ceiling: a broadcast's audience judged here, from agents_by_liveness; issue 31), version 13 p_epoch (below).
+-- The older functions stay in the databases that have them, for machines not yet upgraded.
 -- version 12: a broadcast's audience from its own index
 CREATE INDEX IF NOT EXISTS agents_by_liveness ON agents (session_id, status, last_heartbeat, id);
+
+-- version 13: a session's audience epoch, drawn anew by every change to its registry that can move a broadcast's
+-- audience (store/postgres/audience.py says why these and no others): a registration or its removal, a status,
+-- and a heartbeat that goes back, to or from nothing, or forward by {AUDIENCE_JUMP_S} seconds or more. A heartbeat
+-- that moves an agent a little forward, nearly every one, draws nothing and waits on no one. Drawn from a
+-- sequence, so a value a rolled-back transaction saw is never seen again; at the commit (a deferred trigger), so
+-- the epoch's row is the last lock a transaction takes and two cannot each hold a lock the other waits for.
+-- Until then the transaction's own broadcasts read the registry again: the change marks it at once
+-- (synapolis.audience_moved, a setting of that transaction alone).
+CREATE SEQUENCE IF NOT EXISTS synapolis_audience_epochs;
+CREATE TABLE IF NOT EXISTS audience_epochs
+(
+    session_id {_C} PRIMARY KEY,
+    epoch      BIGINT NOT NULL
+);
+CREATE OR REPLACE FUNCTION synapolis_audience_moved() RETURNS TRIGGER
+    LANGUAGE plpgsql
+AS $moved$
+BEGIN
+    IF TG_OP <> 'INSERT' THEN
+        INSERT INTO audience_epochs (session_id, epoch) VALUES (OLD.session_id, nextval('synapolis_audience_epochs'))
+        ON CONFLICT (session_id) DO UPDATE SET epoch = excluded.epoch;
+    END IF;
+    IF TG_OP = 'INSERT' OR (TG_OP = 'UPDATE' AND NEW.session_id IS DISTINCT FROM OLD.session_id) THEN
+        INSERT INTO audience_epochs (session_id, epoch) VALUES (NEW.session_id, nextval('synapolis_audience_epochs'))
+        ON CONFLICT (session_id) DO UPDATE SET epoch = excluded.epoch;
+    END IF;
+    RETURN NULL;
+END
+$moved$;
+CREATE OR REPLACE FUNCTION synapolis_audience_moving() RETURNS TRIGGER
+    LANGUAGE plpgsql
+AS $moving$
+BEGIN
+    PERFORM set_config('synapolis.audience_moved', 'on', true);
+    RETURN NULL;
+END
+$moving$;
+DROP TRIGGER IF EXISTS agents_audience_joined ON agents;
+CREATE CONSTRAINT TRIGGER agents_audience_joined AFTER INSERT OR DELETE ON agents DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW EXECUTE FUNCTION synapolis_audience_moved();
+DROP TRIGGER IF EXISTS agents_audience_joining ON agents;
+CREATE TRIGGER agents_audience_joining AFTER INSERT OR DELETE ON agents
+    FOR EACH ROW EXECUTE FUNCTION synapolis_audience_moving();
+DROP TRIGGER IF EXISTS agents_audience_moved ON agents;
+CREATE CONSTRAINT TRIGGER agents_audience_moved AFTER UPDATE ON agents DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW WHEN ({_MOVES}) EXECUTE FUNCTION synapolis_audience_moved();
+DROP TRIGGER IF EXISTS agents_audience_moving ON agents;
+CREATE TRIGGER agents_audience_moving AFTER UPDATE ON agents
+    FOR EACH ROW WHEN ({_MOVES}) EXECUTE FUNCTION synapolis_audience_moving();
+
 CREATE OR REPLACE FUNCTION synapolis_send(p_session TEXT, p_id TEXT, p_timestamp TEXT, p_sender TEXT,
     p_recipient TEXT, p_type TEXT, p_content TEXT, p_caller TEXT, p_candidates TEXT[], p_rate DOUBLE PRECISION,
     p_moment DOUBLE PRECISION, p_lock_key TEXT, p_channel TEXT, p_reserved BIGINT, p_key TEXT, p_cutoff TEXT,
-    p_ceiling TEXT) RETURNS JSON
+    p_ceiling TEXT, p_epoch BIGINT) RETURNS JSON
     LANGUAGE plpgsql
 AS $send$
 DECLARE
     v_rows     JSON;
     v_live     TEXT;
+    v_leaves   TEXT;
+    v_top      TEXT;
     v_waiting  JSON;
+    v_epoch    BIGINT;
+    v_moved    BOOLEAN;
     v_clock    BIGINT;
     v_tokens   DOUBLE PRECISION;
     v_sequence BIGINT;
 BEGIN
-    -- a broadcast with the live window (cutoff, ceiling; status.registry_window): its audience judged here, the
-    -- live ids as one string (no object per recipient), the waiting ones, usually few, with their status
+    -- a broadcast with the live window (cutoff, ceiling; status.registry_window): the registry's whole audience
+    -- (the caller takes the sender's chain out), unless the caller holds the one of the session's epoch (p_epoch)
     IF p_candidates IS NULL AND p_cutoff IS NOT NULL THEN
-        -- (from the ranges of agents_by_liveness, unordered: the caller sorts the ids)
-        SELECT string_agg(a.id, E'\n') INTO v_live FROM agents a
-        WHERE a.session_id = p_session AND a.status IN ('active', 'idle') AND a.last_heartbeat >= p_cutoff
-          AND a.last_heartbeat <= p_ceiling AND a.id <> p_sender AND NOT starts_with(p_sender, a.id || '.');
-        -- the waiting: the index's ranges around the live ones, each its own branch (a plan that scans them all
-        -- would read every registration again)
-        SELECT COALESCE(json_agg(json_build_array(w.id, w.status)), '[]'::json) INTO v_waiting FROM (
-            SELECT id, status FROM agents WHERE session_id = p_session AND status IN ('sleeping', 'stale')
-            UNION ALL SELECT id, status FROM agents WHERE session_id = p_session AND status IN ('active', 'idle')
-                AND last_heartbeat < p_cutoff
-            UNION ALL SELECT id, status FROM agents WHERE session_id = p_session AND status IN ('active', 'idle')
-                AND last_heartbeat > p_ceiling
-            UNION ALL SELECT id, status FROM agents WHERE session_id = p_session AND status IN ('active', 'idle')
-                AND last_heartbeat IS NULL) w
-        WHERE w.id <> p_sender AND NOT starts_with(p_sender, w.id || '.');
+        -- the epoch first: a change committed before it is in what is read after it
+        SELECT epoch INTO v_epoch FROM audience_epochs WHERE session_id = p_session;
+        v_epoch := COALESCE(v_epoch, 0);
+        -- this transaction's own change, which draws its epoch at the commit: read, and not to be kept
+        v_moved := COALESCE(current_setting('synapolis.audience_moved', true) = 'on', false);
+        IF p_epoch IS DISTINCT FROM v_epoch OR v_moved THEN
+            -- the live ids as one string (no object per recipient; from the ranges of agents_by_liveness,
+            -- unordered: the caller sorts them), with the earliest and latest live heartbeats
+            SELECT string_agg(a.id, E'\n'), min(a.last_heartbeat), max(a.last_heartbeat) INTO v_live, v_leaves, v_top
+            FROM agents a WHERE a.session_id = p_session AND a.status IN ('active', 'idle')
+              AND a.last_heartbeat >= p_cutoff AND a.last_heartbeat <= p_ceiling;
+            -- the waiting: the index's ranges around the live ones, each its own branch (a plan that scans them
+            -- all would read every registration again)
+            SELECT COALESCE(json_agg(json_build_array(w.id, w.status, w.last_heartbeat)), '[]'::json) INTO v_waiting
+            FROM (SELECT id, status, last_heartbeat FROM agents WHERE session_id = p_session
+                      AND status IN ('sleeping', 'stale')
+                  UNION ALL SELECT id, status, last_heartbeat FROM agents WHERE session_id = p_session
+                      AND status IN ('active', 'idle') AND last_heartbeat < p_cutoff
+                  UNION ALL SELECT id, status, last_heartbeat FROM agents WHERE session_id = p_session
+                      AND status IN ('active', 'idle') AND last_heartbeat > p_ceiling
+                  UNION ALL SELECT id, status, last_heartbeat FROM agents WHERE session_id = p_session
+                      AND status IN ('active', 'idle') AND last_heartbeat IS NULL) w;
+        END IF;
     -- else of each row of the audience, what signals.audience reads
     ELSIF p_candidates IS NULL THEN
         SELECT COALESCE(json_agg(json_build_object('id', a.id, 'status', a.status, 'last_heartbeat',
@@ -315,7 +386,8 @@ BEGIN
     END IF;
     PERFORM pg_notify(p_channel, p_session);
     RETURN json_build_object('sequence', v_sequence, 'lamport', v_clock + 1, 'rows', v_rows, 'live', v_live,
-                             'waiting', v_waiting);
+                             'waiting', v_waiting, 'leaves', v_leaves, 'top', v_top, 'epoch', v_epoch,
+                             'moved', v_moved);
 END
 $send$;
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 from .. import base
+from ..audience import sender_chain
+from .audience import PostgresAudience
 from .driver import _LOCK, _TRY_LOCK, NOTIFY_CHANNEL, _execute_send, _key, _key_taken, _text_array, psycopg
 
 _COLS = "s.sequence, s.id, s.timestamp, s.sender, s.recipient, s.type, s.content, s.lamport, s.reply_to"
@@ -36,10 +38,11 @@ class PostgresSignalTransaction(base.Transaction):
 
     offers_send_signal = True
 
-    def __init__(self, cur, session_id: str, writing: bool):
+    def __init__(self, cur, session_id: str, writing: bool, store=None):
         self.cur = cur
         self.session_id = session_id
         self.writing = writing
+        self.store = store  # the PostgresSessionStore, which keeps a broadcast's audience (audience.py), or None
         self._horizon = None
         self._reserved = None  # a sequence number drawn by an insert whose id was stored already
         self._senders = {}  # _broadcast_senders by reader, for this transaction (an insert forgets them)
@@ -119,12 +122,15 @@ class PostgresSignalTransaction(base.Transaction):
     def send_signal(self, signal, *, caller, candidates, rate, moment, window=None):
         key = signal.get("idempotency_key")
         cutoff, ceiling = window if window is not None else (None, None)
+        store = self.store
+        kept = store.audience if store is not None and window is not None and candidates is None else None
+        epoch = kept.epoch_for(window) if kept is not None else None
         try:
             sent = _execute_send(
                 self.cur.connection,
                 (self.session_id, signal["id"], signal["timestamp"], signal["sender"], signal["recipient"],
                  signal["type"], signal["content"], caller, _text_array(candidates), rate, moment,
-                 _key(self.session_id, "signals"), NOTIFY_CHANNEL, self._reserved, key, cutoff, ceiling))
+                 _key(self.session_id, "signals"), NOTIFY_CHANNEL, self._reserved, key, cutoff, ceiling, epoch))
         except psycopg.Error as exc:
             _key_taken(exc, "signals_by_key", key)
             raise
@@ -135,9 +141,16 @@ class PostgresSignalTransaction(base.Transaction):
         self._senders.clear()
         if out.get("sequence") is not None and self._horizon is not None:
             self._horizon = max(self._horizon, int(out["sequence"]))  # our own insert is ours to see
-        if out.get("waiting") is not None:  # judged by the function: signals.audience's answer
-            out["audience"] = base.judged_audience(sorted(out["live"].split("\n")) if out["live"] else [],
-                                                   sorted(map(tuple, out["waiting"])))
+        if out.get("epoch") is not None:  # judged by the function: signals.audience's answer
+            if out["waiting"] is not None:  # read: kept for the next broadcast
+                kept = PostgresAudience(out["epoch"], window, out["live"].split("\n") if out["live"] else [],
+                                        out["leaves"], out["top"], [tuple(row) for row in out["waiting"]])
+                # unless this transaction changed the registry (not committed: another thread's broadcast must
+                # not answer from it)
+                if store is not None and not out["moved"]:
+                    store.audience = kept
+            # (else the session's epoch is still `epoch`: what is kept holds)
+            out["audience"] = kept.answer(sender_chain(signal["sender"]))
         return out
 
     def recent_signals(self, limit):

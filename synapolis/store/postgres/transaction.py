@@ -140,11 +140,19 @@ class PostgresSessionStore(base.SessionStore):
         self.backend = backend
         self.session_id = session_id
         self.busy_timeout_ms = backend.busy_timeout_ms
+        self.audience = None  # a broadcast's audience, kept while the session's epoch holds (audience.py)
 
     @contextlib.contextmanager
     def write(self):
-        with self.backend.transaction("BEGIN") as cur:
-            yield PostgresTransaction(cur, self.session_id, True)
+        try:
+            with self.backend.transaction("BEGIN") as cur:
+                yield PostgresTransaction(cur, self.session_id, True, self)
+        except BaseException:
+            self.audience = None  # it may hold what the rollback undid
+            raise
+
+    def forget_audience(self) -> None:
+        self.audience = None
 
     @contextlib.contextmanager
     def read(self):

@@ -1,0 +1,54 @@
+"""A broadcast's audience as a store last read it: the windows it still answers for, and its answer to a sender."""
+
+from __future__ import annotations
+
+from .base import judged_audience
+
+
+class KeptAudience:
+    """The whole registry's audience (live ids, waiting ids with their status) as read in one live window, kept so
+    that a process that broadcasts again (the MCP server, the team server, a library caller) does not read every
+    registration again: 1,000 ids cost more than the rest of a send (issue 31). Never changed once made: a
+    thread holding one answers from it while another replaces it.
+
+    `covers(window)` says whether the rows as they were read, unchanged, give the same audience in a later
+    window; each store adds how it knows the rows are unchanged (store/local/audience.py, store/postgres/
+    audience.py)."""
+
+    __slots__ = ("window", "leaves", "enters", "live", "live_at", "waiting")
+
+    def __init__(self, window: tuple, live_ids: list, leaves: str | None, waiting_rows: list):
+        """`window` (cutoff, ceiling) as status.registry_window gives it; the ids of the agents live in it (any
+        order); `leaves`, the earliest live heartbeat; `waiting_rows`, (id, status, last_heartbeat) of the rest."""
+        cutoff, ceiling = window
+        self.window, self.leaves = window, leaves
+        self.live = sorted(live_ids)
+        self.live_at = {agent_id: at for at, agent_id in enumerate(self.live)}
+        rows = sorted(waiting_rows)
+        # stamped ahead of the ceiling: live once the ceiling reaches the earliest of them
+        self.enters = min((beat for _id, state, beat in rows
+                           if state in ("active", "idle") and beat and beat > ceiling), default=None)
+        self.waiting = [(agent_id, state) for agent_id, state, _beat in rows]
+
+    def covers(self, window: tuple) -> bool:
+        """The window moved only forward, not past the earliest live heartbeat (that agent would turn stale) nor up
+        to the earliest heartbeat stamped ahead of the ceiling (that agent would turn live): within those, the
+        live set of the unchanged rows is the one read."""
+        (was_cutoff, was_ceiling), (cutoff, ceiling) = self.window, window
+        return (was_cutoff <= cutoff and was_ceiling <= ceiling and (self.leaves is None or cutoff <= self.leaves)
+                and (self.enters is None or ceiling < self.enters))
+
+    def answer(self, chain: list) -> dict:
+        """signals.audience's answer for a broadcast from `chain` (its sender and the agents it is a sub-agent of,
+        never in it)."""
+        live = self.live[:]
+        # the sender's chain (a few ids) out of the list by their places, not by a pass over it: the last first
+        for at in sorted((self.live_at[a] for a in chain if a in self.live_at), reverse=True):
+            del live[at]
+        return judged_audience(live, [pair for pair in self.waiting if pair[0] not in chain])
+
+
+def sender_chain(sender: str) -> list:
+    """The sender and the agents it is a sub-agent of: a broadcast reaches everyone else."""
+    parts = sender.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
