@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Draw bench_flat.py's scaling curves, one small PNG per workload, from benchmarks/flat-quiet.json and
 flat-loaded.json: the inbox page by signals in the session, the broadcast by agents registered (with the
-floor, the cheapest read of their ids, and SQLite's first broadcast of a process, nothing kept), the monitor
+floor, the cheapest read of their ids, and a process's first broadcast, nothing kept), the monitor
 pass by heartbeat files (with the json-loading baseline).
 
 matplotlib is a benchmark-only dependency: `pip install -e '.[bench]'`.
@@ -78,7 +78,7 @@ def plot_broadcast(runs: dict) -> None:
             xs = sorted(int(k.split()[1]) for k in curve if k.startswith("send"))
             ax.plot(xs, [curve[f"send {x}"] for x in xs], RUNS[kind], marker="o", color=colour,
                     label=f"{store} send, {kind}")
-            if all(f"first {x}" in curve for x in xs) and store == "sqlite":  # PostgreSQL keeps nothing: the same
+            if all(f"first {x}" in curve for x in xs):
                 ax.plot(xs, [curve[f"first {x}"] for x in xs], RUNS[kind], marker="s", color=colour, alpha=0.7,
                         label=f"{store} a process's first send, {kind}")
             ax.plot(xs, [curve[f"ids {x}"] for x in xs], RUNS[kind], marker="x", color=colour, alpha=0.45,
