@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import subprocess
+import sys
 from datetime import timedelta
 
 import pytest
@@ -237,3 +238,54 @@ def test_only_changes_that_can_move_an_audience_draw_a_postgresql_epoch(tmp_path
     assert epoch() == drawn[-1]
     actions.start(ws, agent_id="carol", session_id=sid, env={}, now=NOW)
     assert epoch() > drawn[-1]
+
+
+MOVER = r"""
+import sys
+from datetime import timedelta
+from synapolis.sessions import ts
+from synapolis.store import open_session
+from synapolis.timeutil import parse_ts
+from synapolis.workspace import Workspace
+root, name, sid, base, rounds = sys.argv[1:6]
+ws = Workspace.open(root)
+with open_session(ws, sid) as store:
+    for i in range(int(rounds)):
+        # each round one transaction: the agent's heartbeat forward by more than the epoch's jump, its status
+        # flipped, every third round a newcomer registered; the epoch's row is the last lock each one takes
+        with store.write() as tx:
+            stamp = ts(parse_ts(base) + timedelta(seconds=61 * (i + 1)))
+            tx.refresh_agent(name, stamp, "idle" if i % 2 else "active")
+            if i % 3 == 0:
+                tx.register_agent(f"{name}-n{i}", harness="test", substrate="", stamp=stamp, run_token=f"t{i}")
+"""
+
+
+def test_registry_changes_from_six_processes_on_two_machines_never_deadlock_and_the_kept_audience_follows(
+        tmp_path, pg_url):
+    """Six processes on two state directories change the registry at once, each transaction drawing epochs
+    (heartbeats that jump, statuses, registrations), while a long-lived store broadcasts all along: no
+    transaction fails (no deadlock, no lost epoch), and the broadcast after them answers the rule's audience."""
+    from conftest import use_store
+    from synapolis import actions
+
+    laptop, runner = use_store(tmp_path / "laptop", pg_url), use_store(tmp_path / "runner", pg_url)
+    sid = actions.start(laptop, agent_id="caller", env={}, now=NOW)["session_id"]
+    movers = [f"m{i}" for i in range(6)]
+    for i, name in enumerate(movers):
+        actions.start(laptop if i % 2 else runner, agent_id=name, session_id=sid, env={}, now=NOW)
+    rounds = 12
+    later = NOW + timedelta(seconds=61 * rounds)  # every mover's last heartbeat is live then
+    with open_session(laptop, sid) as store:
+        broadcast(store, laptop, "caller", later)  # kept before the movers start
+        procs = [subprocess.Popen([sys.executable, "-c", MOVER, str((laptop if i % 2 else runner).paths.root), name,
+                                   sid, ts(NOW), str(rounds)], env=clean_env(), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for i, name in enumerate(movers)]
+        while any(p.poll() is None for p in procs):
+            broadcast(store, laptop, "caller", later)
+        outs = [p.communicate(timeout=120) for p in procs]
+        assert all(p.returncode == 0 for p in procs), [err[-800:] for _out, err in outs]
+        heard = broadcast(store, laptop, "caller", later)
+        assert heard == expected(store, laptop, "caller", later)
+        assert len(heard["live"]) + len(heard["waiting"]) == 6 + 6 * 4  # the movers and their newcomers
+        assert set(movers) <= set(heard["live"])
