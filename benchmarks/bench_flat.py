@@ -194,7 +194,8 @@ def broadcast_curve(tmp: Path, admin: str | None, runs: int, sizes=AGENT_SIZES, 
         prepare[f"first {n}"] = lambda store=store: forget(store)
         sides[f"ids {n}"] = lambda i, store=store: ids(i, store)
     for key, call in sides.items():  # the connections opened, so that `placed` pins their backends
-        call(-1) if key not in prepare else None
+        if key not in prepare:
+            call(-1)
     with placed(urls[sizes[0]], placement) as possible:
         out = alternate(sides, runs, prepare=prepare) if possible else None
         for ws, store in made.values():
@@ -400,54 +401,41 @@ def report(f: dict, args) -> str:
              f"Command: `python benchmarks/bench_flat.py{flags} --runs {args.runs} --passes {args.passes}` "
              "(in-process, sides alternating in chunks; medians)", "",
              "| store | workload | measured | baseline (same run) | ratio vs target |", "|---|---|---|---|---|"]
+    def compared(store, s, kind, label, top, bottom, base_label, target, digits) -> list:
+        """One comparison's rows: as placed, then pinned on one CPU and on two (PostgreSQL, `placed`), the last
+        judging when it was measured."""
+        rows = []
+        for placement in ("free",) + PINNED:
+            m = s.get(kind if placement == "free" else f"{kind} {placement}")
+            if not m:
+                continue
+            judged = placement == "split" or (placement == "free" and not s.get(f"{kind} split"))
+            where = "" if placement == "free" and judged else ", " + PLACED[placement]
+            rows.append(f"| {store} | {label}{where} | {m[top]:.{digits}f} ms | {base_label}: {m[bottom]:.{digits}f} "
+                        f"ms | {ratio(m[top] / m[bottom], target, judged)} |")
+        return rows
+
     for store in ("sqlite", "postgres"):
         s = f.get(store, {})
-        if "read" in s:
-            r = s["read"]
-            judged = store == "sqlite" or not s.get("read split")
-            lines.append(f"| {store} | `read_signals {{limit: 20}}`, 100,000 signals"
-                         f"{'' if judged else ', ' + PLACED['free']} | {r['100000']:.2f} ms | 100 "
-                         f"signals: {r['100']:.2f} ms | {ratio(r['100000'] / r['100'], 1.2, judged)} |")
-        for placement in PINNED:
-            r = s.get(f"read {placement}")
-            if r:
-                lines.append(f"| {store} | `read_signals {{limit: 20}}`, 100,000 signals, {PLACED[placement]} | "
-                             f"{r['100000']:.2f} ms | 100 signals: {r['100']:.2f} ms | "
-                             f"{ratio(r['100000'] / r['100'], 1.2, placement == 'split')} |")
+        lines += compared(store, s, "read", "`read_signals {limit: 20}`, 100,000 signals", "100000", "100",
+                          "100 signals", 1.2, 2)
+        broadcast = compared(store, s, "broadcast", "broadcast, 1,000 agents registered", "send 1000", "send 2",
+                             "2 agents", 1.5, 2)
         if "broadcast" in s:
             b = s["broadcast"]
-            judged = store == "sqlite" or not s.get("broadcast split")
-            lines += [
-                f"| {store} | broadcast, 1,000 agents registered{'' if judged else ', ' + PLACED['free']} | "
-                f"{b['send 1000']:.2f} ms | 2 agents: {b['send 2']:.2f} ms | "
-                f"{ratio(b['send 1000'] / b['send 2'], 1.5, judged)} |",
+            broadcast[1:1] = [
                 f"| {store} | the same, a process's first broadcast (nothing kept) | {b['first 1000']:.2f} ms | 2 agents: "
                 f"{b['first 2']:.2f} ms | {b['first 1000'] / b['first 2']:.2f}x |",
                 f"| {store} | (floor) the cheapest read of the 1,000 ids alone (one string built in the database, "
                 f"split) | {b['ids 1000']:.3f} ms | 2: {b['ids 2']:.3f} ms | a 2-agent broadcast plus the 998 more ids: "
                 f"{(b['send 2'] + b['ids 1000'] - b['ids 2']) / b['send 2']:.2f}x the 2-agent broadcast |"]
-        for placement in PINNED:  # PostgreSQL's broadcast pinned (`placed`); "split" judges
-            b = s.get(f"broadcast {placement}")
-            if b:
-                lines.append(f"| {store} | broadcast, 1,000 agents, {PLACED[placement]} | {b['send 1000']:.2f} ms | "
-                             f"2 agents: {b['send 2']:.2f} ms | "
-                             f"{ratio(b['send 1000'] / b['send 2'], 1.5, placement == 'split')} |")
-        if "send" in s:
+        send = compared(store, s, "send", "`signals.send` in-process", "send", "raw", "raw insert, same table", 2.5, 3)
+        if "floor" in s.get("send", {}):
             snd = s["send"]
-            judged = store == "sqlite" or not s.get("send split")
-            lines.append(f"| {store} | `signals.send` in-process{'' if judged else ', ' + PLACED['free']} | "
-                         f"{snd['send']:.3f} ms | raw insert, same table: {snd['raw']:.3f} ms | "
-                         f"{ratio(snd['send'] / snd['raw'], 2.5, judged)} |")
-            if "floor" in snd:
-                lines.append(f"| {store} | (floor) the send's own statements on a bare connection, fixed inputs | "
-                             f"{snd['floor']:.3f} ms | raw insert: {snd['raw']:.3f} ms | {snd['floor'] / snd['raw']:.2f}x; "
-                             f"the send's Python around them: {snd['send'] - snd['floor']:.3f} ms |")
-        for placement in PINNED:
-            snd = s.get(f"send {placement}")
-            if snd:
-                lines.append(f"| {store} | `signals.send` in-process, {PLACED[placement]} | {snd['send']:.3f} ms | "
-                             f"raw insert, same table: {snd['raw']:.3f} ms | "
-                             f"{ratio(snd['send'] / snd['raw'], 2.5, placement == 'split')} |")
+            send[1:1] = [f"| {store} | (floor) the send's own statements on a bare connection, fixed inputs | "
+                         f"{snd['floor']:.3f} ms | raw insert: {snd['raw']:.3f} ms | {snd['floor'] / snd['raw']:.2f}x; "
+                         f"the send's Python around them: {snd['send'] - snd['floor']:.3f} ms |"]
+        lines += broadcast + send
     curves = []
     for store in ("sqlite", "postgres"):
         s = f.get(store, {})
