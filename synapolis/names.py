@@ -151,6 +151,15 @@ def check_limit(limit, *, optional: bool = True) -> None:
         raise UsageError(f"limit must be a positive whole number, not {limit!r}")
 
 
+def id_chain(agent_id: str) -> list[str]:
+    """The agent and each agent it is a sub-agent of ("a.b.c": a, a.b, a.b.c): whom a signal to it may reach,
+    and whom a broadcast from it does not."""
+    if "." not in agent_id:  # most ids: an agent itself, no chain to build
+        return [agent_id]
+    parts = agent_id.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
 def is_subagent_of(candidate: str, parent: str) -> bool:
     """True when `candidate` is a strict dot-descendant of `parent` (a.b is under a)."""
     return candidate.startswith(parent + ".")

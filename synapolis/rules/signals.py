@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from ..errors import RateLimitedError
-from ..names import is_subagent_of
+from ..names import id_chain, is_subagent_of
 
 BROADCAST = "*"
 
@@ -38,13 +38,8 @@ def fit(signals: list, limit: int | None, budget_chars: int | None, at_least_one
     return len(signals)
 
 
-def recipient_chain(recipient: str) -> list[str]:
-    """The registered ids a directed signal may reach: the recipient and each agent it is a sub-agent of
-    ("a.b.c": a, a.b, a.b.c)."""
-    if "." not in recipient:  # most signals: an agent itself, no chain to build
-        return [recipient]
-    parts = recipient.split(".")
-    return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+# the registered ids a directed signal may reach: the recipient and each agent it is a sub-agent of
+recipient_chain = id_chain
 
 
 _WINDOW_RULES: tuple = ()  # (LIVE_REGISTRY_STATUSES, registry_window), from status when a send first needs them

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from .base import judged_audience
+
+
+def judged_audience(live: list, waiting: list) -> dict:
+    """signals.audience's answer from a store that judged a broadcast itself (`Transaction.judges_audience`): the
+    live ids, sorted, and the waiting ones as (id, registry status) pairs in id order, an active or idle agent
+    outside the live window waiting as "stale"."""
+    status = {agent_id: "stale" if state in ("active", "idle") else state for agent_id, state in waiting}
+    return {"live": live, "waiting": list(status), "waiting_status": status}
 
 
 class KeptAudience:
@@ -40,15 +47,9 @@ class KeptAudience:
 
     def answer(self, chain: list) -> dict:
         """signals.audience's answer for a broadcast from `chain` (its sender and the agents it is a sub-agent of,
-        never in it)."""
+        names.id_chain: never in it)."""
         live = self.live[:]
         # the sender's chain (a few ids) out of the list by their places, not by a pass over it: the last first
         for at in sorted((self.live_at[a] for a in chain if a in self.live_at), reverse=True):
             del live[at]
         return judged_audience(live, [pair for pair in self.waiting if pair[0] not in chain])
-
-
-def sender_chain(sender: str) -> list:
-    """The sender and the agents it is a sub-agent of: a broadcast reaches everyone else."""
-    parts = sender.split(".")
-    return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]

@@ -233,14 +233,6 @@ class Transaction(abc.ABC):
         raise NotImplementedError
 
 
-def judged_audience(live: list, waiting: list) -> dict:
-    """signals.audience's answer from a store that judged a broadcast itself (`Transaction.judges_audience`): the
-    live ids, sorted, and the waiting ones as (id, registry status) pairs in id order, an active or idle agent
-    outside the live window waiting as "stale"."""
-    status = {agent_id: "stale" if state in ("active", "idle") else state for agent_id, state in waiting}
-    return {"live": live, "waiting": list(status), "waiting_status": status}
-
-
 class KeyTaken(Exception):
     """A signal or note carries an idempotency key its sender has stored already (the unique index says so, on
     any machine): raised inside the verb's write transaction, which rolls back; retries.py answers the first."""

@@ -7,8 +7,8 @@ import sqlite3
 
 from ...atomic import bump_counter, read_counter
 from ...errors import InternalError
+from ...names import id_chain
 from .. import base
-from ..audience import sender_chain
 from .audience import AudienceCache
 
 _INSERT_SIGNAL = ("INSERT INTO signals (id, timestamp, sender, recipient, type, content, lamport, reply_to, "
@@ -108,7 +108,7 @@ class SqliteSignalTransaction(base.Transaction):
         cursor = conn.cursor()
         cursor.row_factory = None
         if candidates is None:
-            chain = sender_chain(signal["sender"])  # a broadcast reaches everyone but these
+            chain = id_chain(signal["sender"])  # a broadcast reaches everyone but these
             if window is not None:
                 heard = (audiences or AudienceCache()).audience(cursor, chain, window)
                 unchanged = conn.total_changes

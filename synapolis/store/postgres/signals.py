@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
+from ...names import id_chain
 from .. import base
-from ..audience import sender_chain
 from .audience import PostgresAudience
 from .driver import _LOCK, _TRY_LOCK, NOTIFY_CHANNEL, _execute_send, _key, _key_taken, _text_array, psycopg
 
@@ -150,7 +150,7 @@ class PostgresSignalTransaction(base.Transaction):
                 if store is not None and not out["moved"]:
                     store.audience = kept
             # (else the session's epoch is still `epoch`: what is kept holds)
-            out["audience"] = kept.answer(sender_chain(signal["sender"]))
+            out["audience"] = kept.answer(id_chain(signal["sender"]))
         return out
 
     def recent_signals(self, limit):
