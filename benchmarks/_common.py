@@ -88,6 +88,18 @@ def timed(cmd: list[str], env: dict, *, stdin: str | None = None, expect: str = 
     return elapsed
 
 
+def callgrind_count(cmd: list[str], env: dict | None = None, stdin: str | None = None) -> int:
+    """The user-space instructions `cmd` executes under `valgrind --tool=callgrind` (SystemExit when it fails)."""
+    import re
+
+    done = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *cmd], input=stdin,
+                          capture_output=True, text=True, env=env)
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    if done.returncode != 0 or not found:
+        raise SystemExit(f"{' '.join(cmd)} under valgrind failed ({done.returncode}): {done.stderr[-300:]}")
+    return int(found.group(1))
+
+
 def call_ms(call) -> float:
     """Milliseconds one in-process `call()` took."""
     began = time.perf_counter()

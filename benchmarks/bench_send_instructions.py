@@ -9,30 +9,24 @@ commit's write, is not counted, on either side).
 
 from __future__ import annotations
 
-import hashlib
-import json
-import re
 import sqlite3
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from _common import bench_parser, callgrind_count
+
 
 def child(mode: str, count: int) -> None:
     """The measured process: a session of two agents, 50 of each operation to warm up, then `count` of `mode`."""
+    from bench_flat import signal_like_id, workspace
+
     from synapolis import actions, signals
     from synapolis.sessions import ts
     from synapolis.store import clock, open_session
     from synapolis.timeutil import utcnow
-    from synapolis.workspace import Workspace
 
-    root = Path(tempfile.mkdtemp(prefix="bench-send-instr-")) / "state"
-    ws = Workspace.open(root).ensure()
-    doc = json.loads(ws.paths.config.read_text())
-    doc["rate_limit_per_min"] = 10 ** 6
-    ws.paths.config.write_text(json.dumps(doc))
-    ws = Workspace.open(root)
+    ws = workspace(Path(tempfile.mkdtemp(prefix="bench-send-instr-")) / "state", None)
     sid = actions.start(ws, agent_id="sender", env={}, write_identity=False)["session_id"]
     actions.start(ws, agent_id="sink", session_id=sid, env={}, write_identity=False)
     store = open_session(ws, sid)
@@ -46,8 +40,8 @@ def child(mode: str, count: int) -> None:
     def raw_insert(i):  # as bench_flat's: an id spread as a SHA-256's, like every signal's
         raw.execute("BEGIN IMMEDIATE")
         raw.execute("INSERT INTO signals (id, timestamp, sender, recipient, type, content, lamport, reply_to) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (hashlib.sha256(b"raw %d" % i).hexdigest(), ts(utcnow()),
-                                                        "sender", "sink", "inform", f"raw {i}", i, None))
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (signal_like_id(i), ts(utcnow()), "sender", "sink", "inform",
+                                                        f"raw {i}", i, None))
         raw.execute("COMMIT")
 
     for i in range(50):
@@ -59,21 +53,14 @@ def child(mode: str, count: int) -> None:
 
 
 def instructions(mode: str, count: int) -> int:
-    done = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable,
-                           __file__, "--child", mode, str(count)], capture_output=True, text=True)
-    found = re.search(r"Collected : (\d+)", done.stderr)
-    if done.returncode != 0 or not found:
-        raise SystemExit(f"valgrind failed ({done.returncode}): {done.stderr[-300:]}")
-    return int(found.group(1))
+    return callgrind_count([sys.executable, __file__, "--child", mode, str(count)])
 
 
 def main() -> int:
     if sys.argv[1:2] == ["--child"]:
         child(sys.argv[2], int(sys.argv[3]))
         return 0
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser(__doc__)
     parser.add_argument("--ops", type=int, default=1000)
     args = parser.parse_args()
     per = {mode: (instructions(mode, args.ops) - instructions(mode, 0)) / args.ops for mode in ("send", "raw")}

@@ -25,16 +25,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from _common import bench_env, bench_parser, interpreter, machine, publish, synapolis_cmd, timed
+from _common import bench_env, bench_parser, callgrind_count, interpreter, machine, publish, synapolis_cmd, timed
 
 SECTION = "bench_startup"
 INSTRUCTION_RUNS = 3
@@ -167,14 +165,10 @@ def instructions(cmd: list[str], env: dict, stdin: str | None, quiet_state: Path
             document.write_text(json.dumps(state), "utf-8")
         timed(cmd, env, stdin=stdin)
         before = memory_at()
-    done = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *cmd], input=stdin,
-                          capture_output=True, text=True, env=env)
-    found = re.search(r"Collected : (\d+)", done.stderr)
-    if done.returncode != 0 or not found:
-        raise SystemExit(f"{' '.join(cmd)} under valgrind failed ({done.returncode}): {done.stderr[-300:]}")
+    count = callgrind_count(cmd, env, stdin)
     if quiet_state is not None and memory_at() != before:
         raise SystemExit("the quiet hook took the full path under valgrind; nothing measured")
-    return int(found.group(1)) / 1e6
+    return count / 1e6
 
 
 def publish_instructions(counts: dict, cli: list[str], args, load: float) -> int:

@@ -29,16 +29,6 @@ from .store.local.claim_index import (INDEX_FILE, INDEX_VERSION, file_candidates
                                       index_path, one_reading, read_file_index)
 
 
-def __getattr__(name: str):
-    """`file_records`, importable from here as before the store's split, loaded when first asked for: the
-    pre-tool hook's free path reads the index and no claim file (store/local/claims.py stays unloaded)."""
-    if name == "file_records":
-        from .store.local.claims import file_records
-
-        return file_records
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def nothing_held(ws, env=None) -> bool:
     """True when, without opening any store, no path claim can be held: the SQLite store, and its index lists
     no item (or there is neither an index nor any claim file). A hook's quiet path asks this first; False
