@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 
 
 def judged_audience(live: list, waiting: list) -> dict:
@@ -22,7 +24,7 @@ class KeptAudience:
     window; each store adds how it knows the rows are unchanged (store/local/audience.py, store/postgres/
     audience.py)."""
 
-    __slots__ = ("window", "leaves", "enters", "live", "live_at", "waiting")
+    __slots__ = ("window", "leaves", "enters", "live", "waiting")
 
     def __init__(self, window: tuple, live_ids: list, leaves: str | None, waiting_rows: list):
         """`window` (cutoff, ceiling) as status.registry_window gives it; the ids of the agents live in it (any
@@ -30,7 +32,6 @@ class KeptAudience:
         cutoff, ceiling = window
         self.window, self.leaves = window, leaves
         self.live = sorted(live_ids)
-        self.live_at = {agent_id: at for at, agent_id in enumerate(self.live)}
         rows = sorted(waiting_rows)
         # stamped ahead of the ceiling: live once the ceiling reaches the earliest of them
         self.enters = min((beat for _id, state, beat in rows
@@ -49,7 +50,10 @@ class KeptAudience:
         """signals.audience's answer for a broadcast from `chain` (its sender and the agents it is a sub-agent of,
         names.id_chain: never in it)."""
         live = self.live[:]
-        # the sender's chain (a few ids) out of the list by their places, not by a pass over it: the last first
-        for at in sorted((self.live_at[a] for a in chain if a in self.live_at), reverse=True):
-            del live[at]
+        # the sender's chain (a few ids) out of the sorted list by their places, found by bisection, not by a
+        # pass over it nor a map of it (built for every read, and a one-shot process reads once)
+        for agent_id in chain:
+            at = bisect_left(live, agent_id)
+            if at < len(live) and live[at] == agent_id:
+                del live[at]
         return judged_audience(live, [pair for pair in self.waiting if pair[0] not in chain])

@@ -108,13 +108,9 @@ class SqliteSignalTransaction(base.Transaction):
         cursor = conn.cursor()
         cursor.row_factory = None
         if candidates is None:
-            chain = id_chain(signal["sender"])  # a broadcast reaches everyone but these
-            if window is not None:
-                heard = (audiences or AudienceCache()).audience(cursor, chain, window)
-                unchanged = conn.total_changes
-            else:
-                rows = cursor.execute(f"SELECT id, status, last_heartbeat FROM agents WHERE id NOT IN "
-                                      f"({','.join('?' * len(chain))}) ORDER BY id", chain).fetchall()
+            # a broadcast (always with `window`: judges_audience) reaches everyone but the sender's chain
+            heard = (audiences or AudienceCache()).audience(cursor, id_chain(signal["sender"]), window)
+            unchanged = conn.total_changes
         else:
             rows = cursor.execute("SELECT id, status, last_heartbeat FROM agents WHERE id IN "
                                   f"({','.join('?' * len(candidates))}) ORDER BY id", candidates).fetchall()

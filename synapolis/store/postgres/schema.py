@@ -220,13 +220,6 @@ CREATE TABLE IF NOT EXISTS escalation_events
     record      TEXT NOT NULL
 );
 
--- a send in one round trip (signals.send's steps, in its order; Transaction.send_signal): the audience, the
--- caller, its token bucket (signals.take_token's maths, the same IEEE doubles), the Lamport value, then the
--- insert under the session's insert lock (sequence order is commit order), the caller's clock and NOTIFY.
--- Version 8 adds p_reserved (below), version 9 p_key (the idempotency key, stored with the signal; a second one
--- of the sender is a unique violation of signals_by_key), version 12 the live window's two edges (p_cutoff,
--- p_ceiling: a broadcast's audience judged here, from agents_by_liveness; issue 31), version 13 p_epoch (below).
--- The older functions stay in the databases that have them, for machines not yet upgraded.
 -- version 12: a broadcast's audience from its own index
 CREATE INDEX IF NOT EXISTS agents_by_liveness ON agents (session_id, status, last_heartbeat, id);
 
@@ -254,13 +247,13 @@ CREATE INDEX IF NOT EXISTS audience_moves_by_session ON audience_moves (session_
 CREATE OR REPLACE FUNCTION synapolis_audience_moving() RETURNS TRIGGER
     LANGUAGE plpgsql
 AS $moving$
+DECLARE
+    v_session TEXT := CASE WHEN TG_OP = 'INSERT' THEN NEW.session_id ELSE OLD.session_id END;
 BEGIN
-    IF TG_OP <> 'INSERT' THEN
-        INSERT INTO audience_moves (session_id) VALUES (OLD.session_id);
-    END IF;
-    IF TG_OP = 'INSERT' OR (TG_OP = 'UPDATE' AND NEW.session_id IS DISTINCT FROM OLD.session_id) THEN
-        INSERT INTO audience_moves (session_id) VALUES (NEW.session_id);
-    END IF;
+    -- one row a transaction and session (the only rows it can see here are its own): a statement that moves
+    -- many agents (the watchdog's stale flags) draws one epoch at the commit, not one an agent
+    INSERT INTO audience_moves (session_id) SELECT v_session
+    WHERE NOT EXISTS (SELECT 1 FROM audience_moves WHERE session_id = v_session);
     RETURN NULL;
 END
 $moving$;
@@ -284,6 +277,13 @@ DROP TRIGGER IF EXISTS agents_audience_moved ON agents;
 CREATE TRIGGER agents_audience_moved AFTER UPDATE OF {_MOVED_COLUMNS} ON agents
     FOR EACH ROW WHEN ({_MOVES}) EXECUTE FUNCTION synapolis_audience_moving();
 
+-- a send in one round trip (signals.send's steps, in its order; Transaction.send_signal): the audience, the
+-- caller, its token bucket (signals.take_token's maths, the same IEEE doubles), the Lamport value, then the
+-- insert under the session's insert lock (sequence order is commit order), the caller's clock and NOTIFY.
+-- Version 8 adds p_reserved (below), version 9 p_key (the idempotency key, stored with the signal; a second one
+-- of the sender is a unique violation of signals_by_key), version 12 the live window's two edges (p_cutoff,
+-- p_ceiling: a broadcast's audience judged here, from agents_by_liveness; issue 31), version 13 p_epoch (below).
+-- The older functions stay in the databases that have them, for machines not yet upgraded.
 CREATE OR REPLACE FUNCTION synapolis_send(p_session TEXT, p_id TEXT, p_timestamp TEXT, p_sender TEXT,
     p_recipient TEXT, p_type TEXT, p_content TEXT, p_caller TEXT, p_candidates TEXT[], p_rate DOUBLE PRECISION,
     p_moment DOUBLE PRECISION, p_lock_key TEXT, p_channel TEXT, p_reserved BIGINT, p_key TEXT, p_cutoff TEXT,
@@ -304,7 +304,7 @@ DECLARE
 BEGIN
     -- a broadcast with the live window (cutoff, ceiling; status.registry_window): the registry's whole audience
     -- (the caller takes the sender's chain out), unless the caller holds the one of the session's epoch (p_epoch)
-    IF p_candidates IS NULL AND p_cutoff IS NOT NULL THEN
+    IF p_candidates IS NULL THEN
         -- the epoch first: a change committed before it is in what is read after it
         SELECT epoch INTO v_epoch FROM audience_epochs WHERE session_id = p_session;
         v_epoch := COALESCE(v_epoch, 0);
@@ -328,13 +328,7 @@ BEGIN
                   UNION ALL SELECT id, status, last_heartbeat FROM agents WHERE session_id = p_session
                       AND status IN ('active', 'idle') AND last_heartbeat IS NULL) w;
         END IF;
-    -- else of each row of the audience, what signals.audience reads
-    ELSIF p_candidates IS NULL THEN
-        SELECT COALESCE(json_agg(json_build_object('id', a.id, 'status', a.status, 'last_heartbeat',
-                                                   a.last_heartbeat) ORDER BY a.id), '[]'::json)
-        INTO v_rows FROM agents a
-        WHERE a.session_id = p_session AND a.id <> p_sender AND NOT starts_with(p_sender, a.id || '.');
-    ELSE
+    ELSE  -- a directed signal: of each row of the recipient's chain, what signals.audience reads
         SELECT json_agg(json_build_object('id', a.id, 'status', a.status, 'last_heartbeat', a.last_heartbeat)
                         ORDER BY a.id) INTO v_rows FROM agents a
         WHERE a.session_id = p_session AND a.id = ANY (p_candidates);

@@ -123,7 +123,7 @@ class PostgresSignalTransaction(base.Transaction):
         key = signal.get("idempotency_key")
         cutoff, ceiling = window if window is not None else (None, None)
         store = self.store
-        kept = store.audience if store is not None and window is not None and candidates is None else None
+        kept = store.audience if store is not None and candidates is None else None  # (a broadcast: `window`)
         epoch = kept.epoch_for(window) if kept is not None else None
         try:
             sent = _execute_send(

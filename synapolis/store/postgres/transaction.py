@@ -144,12 +144,10 @@ class PostgresSessionStore(base.SessionStore):
 
     @contextlib.contextmanager
     def write(self):
-        try:
-            with self.backend.transaction("BEGIN") as cur:
-                yield PostgresTransaction(cur, self.session_id, True, self)
-        except BaseException:
-            self.audience = None  # it may hold what the rollback undid
-            raise
+        # (a rollback leaves `audience` as it is: send_signal keeps none read by a transaction that changed the
+        # registry, so it holds only what others committed)
+        with self.backend.transaction("BEGIN") as cur:
+            yield PostgresTransaction(cur, self.session_id, True, self)
 
     def forget_audience(self) -> None:
         self.audience = None
