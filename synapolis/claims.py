@@ -20,12 +20,11 @@ from .claim_ops import (acquire, check, held_items, holder_status, list_claims, 
 from .rules.claims import (MAX_REASON, MAX_TRANSITIONS, MAX_TTL_S, REAPED_HOLDER_STATUSES,  # noqa: F401 - as before
                            SCHEMA_VERSION, check_force, check_ttl, check_wait, claim_state)
 from .store import clock
-# the claim files, their locks and a record's shape are the store's (store/local/claims.py, store/claim_keys.py);
-# the names below are where people and tests have always found them
-from .store.claim_keys import is_claim_record as _is_record  # noqa: F401
-from .store.local.claims import (MAX_STEM, PATHS_LOCK, FileSlot, claim_file as _claim_file,  # noqa: F401
-                                 claim_path, encode_item, file_document, file_documents, file_slot,
-                                 item_lock as _item_lock, lock_file as _lock_file, try_item_lock as _try_item_lock)
+# the claim files and their locks are the store's (store/local/claims.py); the names below are where people and
+# tests have always found them
+from .store.local.claims import (MAX_STEM, PATHS_LOCK, FileSlot, claim_path, encode_item,  # noqa: F401
+                                 file_document, file_documents, file_slot, item_lock as _item_lock,
+                                 lock_file as _lock_file, try_item_lock as _try_item_lock)
 
 
 # --- the API -------------------------------------------------------------------------------------

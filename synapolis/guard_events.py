@@ -37,8 +37,10 @@ def _text(value: str) -> str:
 def _unique(values) -> list[str]:
     seen: list[str] = []
     for value in values:
-        if isinstance(value, str) and value and _text(value) not in seen:
-            seen.append(_text(value))
+        if isinstance(value, str) and value:
+            text = _text(value)
+            if text not in seen:
+                seen.append(text)
     return seen
 
 

@@ -174,7 +174,7 @@ class StateFiles:
         return self._at("sessions", validate_session_id(session_id), "notes.jsonl")
 
     def session_changes(self, session_id: str):
-        """The SQLite store's change counter of a session (store.sqlite, harness.quiet)."""
+        """The SQLite store's change counter of a session (store/local/connection.py, harness.quiet)."""
         return self._at("sessions", validate_session_id(session_id), SESSION_CHANGES)
 
     @property

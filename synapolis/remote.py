@@ -87,6 +87,7 @@ def follow_poll_s(env) -> float:
         raise UsageError(f"{ENV_FOLLOW_POLL} must be a number of seconds from 0.1 to 25, not {raw!r}")
     return value
 
+
 def target(config, env=None) -> Target | None:
     """The server this machine goes through ($SYNAPOLIS_SERVER, else the config's `server`), or None."""
     env = os.environ if env is None else env

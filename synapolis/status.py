@@ -262,8 +262,6 @@ def registry_window(now: datetime, config) -> tuple[str, str]:
     return cutoff, ceiling
 
 
-
-
 def registry_freshness(now: datetime, config):
     """Whether a registry row's `last_heartbeat` (the store's fixed-width stamp) is fresh at `now`, as a
     test for many stamps: the window is worked out once."""

@@ -121,7 +121,6 @@ def test_a_refused_commit_is_kept_and_told(ws, receiver):
     assert len(dashboard.collect(Workspace.open(ws.paths.root))["events"]) == 1
 
 
-
 def test_a_refused_commit_of_a_file_whose_name_is_not_utf8_is_kept(ws):
     # git names such a file in bytes; its path reached the record with a surrogate in it, which neither the
     # record's UTF-8 line nor PostgreSQL takes, and the refusal was silently left out of the record

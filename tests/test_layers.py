@@ -16,7 +16,6 @@ ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 500
 
 GROUND, STORE, RULES, VERBS, SURFACES = range(5)
-LAYER_NAMES = ("ground", "store", "rules", "verbs", "surfaces")
 # the map, bottom up (a module not named here, nor under a named package, is a verb)
 GROUND_MODULES = {"synapolis", "synapolis.errors", "synapolis.timeutil", "synapolis.names", "synapolis.paths",
                   "synapolis.atomic", "synapolis.schemas", "synapolis.terminal", "synapolis.pathpatterns",

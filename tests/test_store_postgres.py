@@ -367,7 +367,7 @@ def test_a_duplicate_id_leaves_no_gap_on_either_send_path(machines):
 
 
 def test_a_connection_dropped_inside_a_transaction_or_at_its_commit(machines):
-    """BEGIN and COMMIT go through libpq itself (store/postgres.py `_command`), so their failures must come out as
+    """BEGIN and COMMIT go through libpq itself (store/postgres/driver.py `_command`), so their failures must come out as
     psycopg's would: a COMMIT the server refuses (a deferred constraint) is an error of its SQLSTATE's class and
     stores nothing; a connection killed inside a write transaction fails the verb with BusyError (exit 8), stores
     nothing, and the next call works on a new connection with no manual step."""
@@ -418,7 +418,7 @@ def test_a_connection_dropped_inside_a_transaction_or_at_its_commit(machines):
 
 
 def test_the_sends_prepared_statement_lives_with_its_connection(machines):
-    """The one-call send goes through libpq itself (store/postgres.py `_execute_send`): unprepared on a
+    """The one-call send goes through libpq itself (store/postgres/driver.py `_execute_send`): unprepared on a
     connection's first send (a CLI call prepares nothing), prepared at its second; a rolled-back transaction
     keeps it (the store rolls back past psycopg, which would DEALLOCATE ALL); a statement dropped anyway fails
     one send with a one-line error, storing nothing, and the next send prepares it again. Text with a NUL is

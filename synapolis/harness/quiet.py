@@ -3,7 +3,7 @@ files alone (the heartbeat refreshed, no store opened).
 
 Hooks run on every tool call, and most calls find nothing new. The SQLite store bumps a counter file
 beside the session's database before each commit that inserts a signal or registers or restarts an
-agent, under its write lock (`store.sqlite.changes_path`). A hook whose drain found no unread signal at
+agent, under its write lock (`changes_path`, store/local/connection.py). A hook whose drain found no unread signal at
 all remembers the counter's text it read inside that same write transaction; while the counter still
 reads the same, no signal has been inserted and nobody took a slot over since, so the inbox is still
 empty: nothing to show, nothing to mark delivered (honest delivery, contract §6/§8, is untouched: the

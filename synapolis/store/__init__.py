@@ -14,9 +14,9 @@ from ..config import POSTGRES_SCHEMES, STORE_RULE, is_store_url, store_url_probl
 from ..errors import UsageError
 
 # name -> (the submodule that holds it, its name there), for __getattr__
-_LAZY = {"SCHEMA_VERSION": ("local", "SCHEMA_VERSION"), "SessionStore": ("local", "SessionStore"),
-         "SqliteStore": ("local", "SqliteStore"), "Store": ("base", "Store"), "Transaction": ("base", "Transaction"),
-         "SessionStoreBase": ("base", "SessionStore")}
+_LAZY = {"SCHEMA_VERSION": ("local.schema", "SCHEMA_VERSION"), "SessionStore": ("local.connection", "SessionStore"),
+         "SqliteStore": ("local.store", "SqliteStore"), "Store": ("base", "Store"),
+         "Transaction": ("base", "Transaction"), "SessionStoreBase": ("base", "SessionStore")}
 
 
 def __getattr__(name: str):
@@ -27,10 +27,7 @@ def __getattr__(name: str):
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     where, there = _LAZY[name]
-    if where == "local":
-        from . import local as module
-    else:
-        from . import base as module
+    module = __import__(f"{__name__}.{where}", fromlist=(there,))
     value = globals()[name] = getattr(module, there)  # kept: the next access is a plain global
     return value
 
@@ -75,7 +72,7 @@ def store_for(ws) -> Store:
     """The Store of this state directory (made once per process and URL)."""
     url = store_url(ws)
     if not is_postgres_url(url):
-        from .local import SqliteStore
+        from .local.store import SqliteStore
 
         return SqliteStore(ws)
     # the process is part of the key: a forked child (multiprocessing) must not talk over its parent's

@@ -51,7 +51,7 @@ class Transaction(abc.ABC):
     @abc.abstractmethod
     def register_agent(self, agent_id: str, *, harness: str, substrate: str, stamp: str, run_token: str) -> None:
         """A new registry row, `active` and fresh; signals stored before it are its history. `run_token`
-        is what is kept of the agent's token: its hash (identity.hash_token), never the token itself."""
+        is what is kept of the agent's token: its hash (store/run_tokens.py `hash_token`), never the token itself."""
 
     @abc.abstractmethod
     def restart_agent(self, agent_id: str, *, harness: str, substrate: str, stamp: str, run_token: str) -> None:
@@ -363,7 +363,7 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def path_claim_candidates(self, prefixes, under: str | None = None) -> list[str]:
-        """The path claims that may be held whose index prefix (claim_index.index_prefix) is in `prefixes` or
+        """The path claims that may be held whose index prefix (store/claim_keys.py `index_prefix`) is in `prefixes` or
         lies under `under`, without locking. SQLite: the index file."""
 
     @abc.abstractmethod

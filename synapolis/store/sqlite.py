@@ -2,5 +2,7 @@
 
 from __future__ import annotations
 
-from .local import (PRIVATE_DIR, PRIVATE_FILE, SCHEMA_VERSION, WAL_TRIM_BYTES, SessionStore,  # noqa: F401
-                    SqliteStore, SqliteTransaction, changes_path, create_private, make_private)
+from .local.connection import WAL_TRIM_BYTES, SessionStore, changes_path  # noqa: F401
+from .local.schema import PRIVATE_DIR, PRIVATE_FILE, SCHEMA_VERSION, create_private, make_private  # noqa: F401
+from .local.store import SqliteStore  # noqa: F401
+from .local.transaction import SqliteTransaction  # noqa: F401

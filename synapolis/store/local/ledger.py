@@ -71,6 +71,3 @@ def append_to_ledger(paths, merged: list[dict], *, session_id: str, merged_by: s
 def read_ledger(paths) -> list[dict]:
     """Every complete line of the ledger (a torn last line from a crash is skipped)."""
     return read_jsonl(paths.memory_ledger)
-
-
-# --- the protocol --------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The PostgreSQL store (contract §12): one database shared by the state directories of many machines.
 
-Imported only when `store` is a postgresql:// URL, and it alone imports psycopg. A CLI call opens one
+Imported only when `store` is a postgresql:// URL; of its modules, driver.py alone imports psycopg. A CLI call opens one
 connection; a long-lived process (`store.keep_connections()`: `synapolis mcp`, `serve`) keeps a pool
 (psycopg-pool, imported only then). Every connection has `lock_timeout` and `statement_timeout` at
 busy_timeout_ms, so nothing waits forever.
@@ -21,18 +21,15 @@ How the guarantees hold with many writers on several machines (docs/STORE.md has
 
 Its modules, by record family: schema.py (tables, migrations), driver.py (psycopg, URLs, libpq calls),
 signals.py and transaction.py (one session's transaction: its locks and signals, deliveries, reads; the
-registry, rates, whiteboard, staged memories), claims.py (slots, the path index, waiters), incidents.py,
+registry, rates, whiteboard, staged memories), audience.py (a broadcast's audience kept by the session's
+epoch), claims.py (slots, the path index, waiters), incidents.py, events.py (the guard's refusals),
 connection.py (connections, pool, transactions, clock) and store.py (PostgresStore: sessions, heartbeat
-copies, notes, the ledger, cross-machine passes).
+copies, notes, the ledger, cross-machine passes). What other modules import from the package is named below.
 """
 
 from __future__ import annotations
 
-from .claims import ClaimSlot, WaitBook  # noqa: F401
-from .driver import (CLOCK_ANCHOR_S, CONNECT_TIMEOUT_S, INSTALL_HINT, NOTIFY_CHANNEL, POOL_MAX,  # noqa: F401
-                     SEND_CALL, SEND_STATEMENT, SEND_STATEMENT_NAME, _command, _execute_send, _key, _text_array,
-                     describe_url, require_driver, split_password)
-from .incidents import EscalationBook  # noqa: F401
-from .schema import SCHEMA, SCHEMA_VERSION  # noqa: F401
+from .driver import NOTIFY_CHANNEL, SEND_CALL, _command, _execute_send, _key, _text_array  # noqa: F401
+from .schema import SCHEMA_VERSION  # noqa: F401
 from .store import PostgresStore  # noqa: F401
-from .transaction import PostgresSessionStore, PostgresTransaction  # noqa: F401
+from .transaction import PostgresTransaction  # noqa: F401

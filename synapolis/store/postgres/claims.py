@@ -5,15 +5,16 @@ from __future__ import annotations
 import contextlib
 import json
 
+from ..claim_keys import index_prefix, is_path_item
+from ..claim_keys import is_claim_record as _is_record
+from .driver import _dump
+
 
 class ClaimSlot:
-    """One item's claim inside a transaction holding the item's advisory lock (see claims.FileSlot)."""
+    """One item's claim inside a transaction holding the item's advisory lock (store/local/claims.py's FileSlot
+    on SQLite)."""
 
     def __init__(self, cur, item: str, row):
-        import json
-
-        from ..claim_keys import is_claim_record as _is_record
-
         self.cur, self.item = cur, item
         self.existed = row is not None
         self.record = None
@@ -40,17 +41,13 @@ class ClaimSlot:
         return _claim_records(self.cur, items)
 
     def write(self, record: dict, event: dict) -> None:
-        import json
-
-        from ..claim_keys import index_prefix, is_path_item
-
         if is_path_item(self.item):
             if record.get("released_at"):
                 self.cur.execute("DELETE FROM claim_paths WHERE item = %s", (self.item,))
             else:
                 self.cur.execute("INSERT INTO claim_paths (item, prefix) VALUES (%s, %s) ON CONFLICT (item) "
                                  "DO UPDATE SET prefix = excluded.prefix", (self.item, index_prefix(self.item)))
-        dump = json.dumps(record, ensure_ascii=False, separators=(",", ":"))
+        dump = _dump(record)
         self.cur.execute("INSERT INTO claims (item, token, claimed_by, expires_at, released_at, record) "
                          "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (item) DO UPDATE SET token = excluded.token, "
                          "claimed_by = excluded.claimed_by, expires_at = excluded.expires_at, "
@@ -58,7 +55,7 @@ class ClaimSlot:
                          (record["item"], record["token"], record["claimed_by"], record["expires_at"],
                           record.get("released_at"), dump))
         self.cur.execute("INSERT INTO claim_events (item, at, event) VALUES (%s, %s, %s)",
-                         (record["item"], event["at"], json.dumps(event, ensure_ascii=False, separators=(",", ":"))))
+                         (record["item"], event["at"], _dump(event)))
 
 
 def _like_prefix(prefix: str) -> str:
@@ -77,10 +74,6 @@ def _path_claim_candidates(cur, prefixes, under) -> list[str]:
 
 
 def _claim_records(cur, items) -> dict:
-    import json
-
-    from ..claim_keys import is_claim_record as _is_record
-
     cur.execute("SELECT item, record FROM claims WHERE item = ANY(%s)", (list(items),))
     out = {}
     for row in cur.fetchall():
@@ -104,7 +97,8 @@ def _waits(cur) -> list[dict]:
 
 
 class WaitBook:
-    """The claim_waits rows inside a transaction holding the waiters' advisory lock (see claim_waits.FileWaitBook)."""
+    """The claim_waits rows inside a transaction holding the waiters' advisory lock (store/local/waits.py's
+    FileWaitBook on SQLite)."""
 
     def __init__(self, cur):
         self.cur = cur

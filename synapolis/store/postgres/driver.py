@@ -11,7 +11,7 @@ try:
     import psycopg
     from psycopg import errors as pg_errors
     from psycopg.conninfo import conninfo_to_dict
-    from psycopg.rows import dict_row  # noqa: F401  (the store's row factory, store.py)
+    from psycopg.rows import dict_row  # noqa: F401  (the store's row factory, connection.py)
     from psycopg.pq import ConnStatus, DiagnosticField, ExecStatus
 
     _COMMAND_OK, _CONNECTION_OK, _SQLSTATE = ExecStatus.COMMAND_OK, ConnStatus.OK, DiagnosticField.SQLSTATE
@@ -26,6 +26,7 @@ POOL_MAX = 8  # connections of a long-lived process's pool
 CLOCK_ANCHOR_S = 30.0  # how long `now()` runs on the monotonic clock before reading the server's again
 INSTALL_HINT = 'pip install "synapolis[postgres]"'
 
+# a send in one call (Transaction.send_signal): session, id, timestamp, sender, recipient, type, content, caller,
 # candidates, rate, moment, insert lock key, NOTIFY channel, reserved sequence, idempotency key,
 # the live window's two edges (a broadcast's audience judged in the function; schema version 12) and the audience
 # epoch the caller holds (version 13, store/postgres/audience.py)

@@ -14,7 +14,6 @@ _UNREAD = (" AND NOT EXISTS (SELECT 1 FROM signal_reads r WHERE r.session_id = s
            "AND r.signal_id = s.id AND r.agent_id = %s)")
 _UNDELIVERED = (" AND NOT EXISTS (SELECT 1 FROM signal_deliveries d WHERE d.session_id = s.session_id "
                 "AND d.signal_id = s.id AND d.agent_id = %s)")
-# a send in one call (Transaction.send_signal): session, id, timestamp, sender, recipient, type, content, caller,
 
 
 def _family(agent_id: str) -> tuple[str, str]:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 
 from ...errors import NotFoundError
 from .claims import ClaimSlot, WaitBook, _claim_records, _path_claim_candidates, _waits
 from .connection import PostgresConnection
-from .driver import _LOCK, CONNECT_TIMEOUT_S, NOTIFY_CHANNEL, _key, _key_taken, psycopg
+from .driver import _LOCK, CONNECT_TIMEOUT_S, NOTIFY_CHANNEL, _dump, _key, _key_taken, psycopg
 from .incidents import EscalationBook, _current_incidents
 from .transaction import PostgresSessionStore, _put_heartbeat
 
@@ -78,8 +79,6 @@ class PostgresStore(PostgresConnection):
             _put_heartbeat(cur, doc, stamp)
 
     def heartbeat_copies(self):
-        import json
-
         with self.transaction() as cur:
             cur.execute("SELECT doc, received_at FROM heartbeats ORDER BY agent_id")
             rows = cur.fetchall()
@@ -92,8 +91,6 @@ class PostgresStore(PostgresConnection):
         return copies
 
     def heartbeat_copy(self, agent_id):
-        import json
-
         with self.transaction() as cur:
             cur.execute("SELECT doc, received_at FROM heartbeats WHERE agent_id = %s", (agent_id,))
             row = cur.fetchone()
@@ -149,8 +146,6 @@ class PostgresStore(PostgresConnection):
         return slot.record, slot.existed
 
     def claim_documents(self):
-        import json
-
         with self.transaction("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY") as cur:
             cur.execute("SELECT item, record FROM claims ORDER BY item")
             rows = cur.fetchall()
@@ -199,8 +194,6 @@ class PostgresStore(PostgresConnection):
     # -- the memory ledger -------------------------------------------------------------------------
     def append_ledger(self, tx, merged, *, session_id, merged_by, reader=None):
         """In the consolidating transaction itself: the lines and the cleared staging commit together."""
-        import json
-
         from ...names import validate_agent_id
         from ..ledger import LedgerHoldings
 
@@ -219,13 +212,11 @@ class PostgresStore(PostgresConnection):
             tx.cur.executemany("INSERT INTO memory_ledger (id, session_id, merged_by, merged_at, line) "
                                "VALUES (%s, %s, %s, %s, %s)",
                                [(line.get("id"), session_id, merged_by, line.get("merged_at"),
-                                 json.dumps(line, ensure_ascii=False, separators=(",", ":"))) for line in fresh])
+                                 _dump(line)) for line in fresh])
         return fresh, held
 
     def _json_objects(self, sql: str) -> list[dict]:
         """The first column of each row of `sql`, decoded: the JSON objects (anything else skipped)."""
-        import json
-
         with self.transaction() as cur:
             cur.execute(sql)
             rows = cur.fetchall()
